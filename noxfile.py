@@ -1,0 +1,43 @@
+"""nox sessions: one per verb, each a thin call of the opcollect CLI with the session's posargs.
+
+Sessions run in the environment nox itself runs in (python=False): set it up once with
+`python3 -m venv .venv && .venv/bin/pip install -e '.[test]'` (see README).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import nox
+
+nox.options.sessions = ["tests"]
+
+
+def _opcollect(session: nox.Session, verb: str) -> None:
+    session.run(sys.executable, "-m", "opcollect", verb, *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def plan(session: nox.Session) -> None:
+    """Plan on the CPU which cases a backend times on an SM: `nox -s plan -- --backend all --sm all --json`."""
+    _opcollect(session, "plan")
+
+
+@nox.session(name="plan-diff", python=False)
+def plan_diff(session: nox.Session) -> None:
+    """Compare two plan files or --json summaries: `nox -s plan-diff -- OLD NEW`."""
+    _opcollect(session, "plan-diff")
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """Run the test suite (pytest); posargs go to pytest."""
+    session.run(sys.executable, "-m", "pytest", *(session.posargs or ["-q"]), external=True)
+
+
+@nox.session(python=False, default=False)
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks under bench/ and print their figures: `nox -s bench -- plan`."""
+    names = session.posargs or ["plan"]
+    for name in names:
+        session.run(sys.executable, f"bench/bench_{name}.py", external=True)

@@ -1,0 +1,3 @@
+from opcollect.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Case sources: typed sweep grids (cases/base_ops), model profiles (cases/models), systems."""

@@ -1,0 +1,44 @@
+"""Typed models of systems/*.yaml: what each GPU (or the CPU) is, as datasheets and nvidia-smi say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from opcollect.cases.grids import SM, Frozen, PosInt
+from opcollect.errors import InputError
+from opcollect.yamlio import load_typed
+
+
+class System(Frozen):
+    schema_version: Literal[1]
+    name: str = Field(pattern=r"^[a-z0-9_]+$")
+    devices: list[str] = Field(min_length=1, description="device names as nvidia-smi reports them")
+    sm: SM
+    memory_bytes: PosInt
+    bandwidth_bytes_per_s: PosInt
+    l2_bytes: PosInt
+    dense_tflops: dict[str, float] = Field(min_length=1)
+    gpus_per_node: PosInt
+
+
+def load_systems(systems_dir: Path) -> dict[str, System]:
+    systems: dict[str, System] = {}
+    for path in sorted(Path(systems_dir).glob("*.yaml")):
+        system = load_typed(path, System)
+        if system.name != path.stem:
+            raise InputError(f"{path}: field 'name' is {system.name!r}; expected {path.stem!r} (the file name)")
+        systems[system.name] = system
+    if not systems:
+        raise InputError(f"{systems_dir}: no system YAML files; restore systems/ from the repository")
+    return systems
+
+
+def system_for_device(systems: dict[str, System], device_name: str) -> System | None:
+    """The system whose nvidia-smi names include ``device_name``."""
+    for system in systems.values():
+        if device_name in system.devices:
+            return system
+    return None

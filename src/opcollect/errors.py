@@ -1,0 +1,9 @@
+"""The one error type for bad input or environment: the CLI prints it on one line and exits 2."""
+
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """Bad input or environment. The message names the file, field or value and how to fix it."""
+
+    exit_code = 2

@@ -1,0 +1,1 @@
+"""Container images: pins, build through the Docker engine, labels, input hash."""

@@ -1,0 +1,130 @@
+"""The OpPlan contract and the expanded dtype groups that every backend and SM share.
+
+An op expands once per grid into groups (one per dtype, or per dtype pair for attention and MLA):
+the cases in run order and their stable IDs. Backends and SMs then only filter those groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Mapping, NamedTuple, Sequence
+
+from opcollect.cases.profiles import ModelShapes
+
+BACKENDS = ("torch", "vllm", "sglang", "trtllm")
+SMS = ("80", "86", "89", "90", "100", "103", "120", "cpu")
+
+
+def sm_at_least(sm: str, minimum: int) -> bool:
+    """True for a GPU SM at or above ``minimum``; the CPU has no SM."""
+    return sm != "cpu" and int(sm) >= minimum
+
+
+def id_template(op: str, fields: Sequence[str], dtype_field: str, dtype: object) -> str:
+    """A %-template for ``op:<dtype>:field=value,...`` over every field but the dtype field.
+
+    The group's dtype is written into the prefix; its own slot in the value tuple prints nothing (%.0s),
+    so a raw value tuple formats directly, which is twice as fast as str.format.
+    """
+    body = ""
+    for name in fields:
+        if name == dtype_field:
+            body += "%.0s"
+        else:
+            body += ("," if "=" in body else "") + f"{name}=%s"
+    return f"{op}:{dtype}:{body}"
+
+
+@dataclass(eq=False)
+class Group:
+    """Cases of one op that share their dtype fields, in run order.
+
+    ``values`` are raw tuples in field order; the typed cases and the IDs are built on first use, so a
+    group that a plan skips as a whole costs almost nothing.
+    """
+
+    op: str
+    label: str  # e.g. "bfloat16" or "bfloat16/fp8" (attention dtype / KV-cache dtype)
+    constants: Mapping[str, object]  # the dtype fields, one value across the group
+    case_type: type
+    values: list[tuple]
+    # shape keys that only models bring -> model names, and the positions of a shape key in a case
+    origins: Mapping[tuple, frozenset[str]] = field(default_factory=dict)
+    shape_index: tuple[int, ...] = ()
+
+    @cached_property
+    def ids(self) -> list[str]:
+        dtype_field = next(iter(self.constants))
+        template = id_template(self.op, self.case_type._fields, dtype_field, self.constants[dtype_field])
+        return list(map(template.__mod__, self.values))
+
+    @cached_property
+    def cases(self) -> list[NamedTuple]:
+        return list(map(self.case_type._make, self.values))
+
+    @property
+    def dtype(self) -> str:
+        return str(next(iter(self.constants.values())))
+
+    def models_of(self, values: tuple) -> frozenset[str] | None:
+        """Models a case comes from, or None when the base grid has it."""
+        if not self.origins:
+            return None
+        return self.origins.get(tuple(values[i] for i in self.shape_index))
+
+
+def make_groups(
+    op: str,
+    case_type: type,
+    dtype_fields: Sequence[str],
+    values_by_group: Mapping[tuple, list[tuple]],
+    origins: Mapping[tuple, frozenset[str]] | None = None,
+    shape_fields: Sequence[str] = (),
+) -> list[Group]:
+    """Groups from raw value tuples (in field order), keyed by their dtype-field values."""
+    shape_index = tuple(case_type._fields.index(name) for name in shape_fields)
+    return [
+        Group(
+            op=op,
+            label="/".join(str(v) for v in key),
+            constants=dict(zip(dtype_fields, key)),
+            case_type=case_type,
+            values=values,
+            origins=origins or {},
+            shape_index=shape_index,
+        )
+        for key, values in values_by_group.items()
+    ]
+
+
+Dispatch = Callable[[str, Group], str]  # (sm, group) -> kernel or runner name
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """One op family's planning contract."""
+
+    name: str  # op key in plans and cases/base_ops/<name>.yaml
+    family: str  # tables directory: gemm, attention, moe, mla, comm
+    table: str  # table stem, e.g. gemm_perf
+    op_name: str  # the op_name column value
+    case_type: type
+    dtype_fields: tuple[str, ...]  # the first is the dtype; together they label a group
+    expand: Callable[[object, Mapping[str, ModelShapes]], list[Group]]
+    tp_sizes: Callable[[object], tuple[int, ...]]  # model TP sizes a grid asks for
+    dispatch: Mapping[str, Dispatch]  # per backend
+    cost: Callable[[NamedTuple], float]  # relative work, used to pick smoke cases
+    # per backend: a key that groups cases timed by one task (batch_rows); absent = one row per case
+    batch_key: Mapping[str, Callable[[NamedTuple], str]] = field(default_factory=dict)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.case_type._fields
+
+    @property
+    def dtype_field(self) -> str:
+        return self.dtype_fields[0]
+
+    def label_of(self, case: NamedTuple) -> str:
+        return "/".join(str(getattr(case, name)) for name in self.dtype_fields)

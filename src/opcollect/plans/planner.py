@@ -1,0 +1,242 @@
+"""plan(): the cases one backend times on one SM, after skips, filters, smoke and shard selection.
+
+Expansion happens once per op and grid; every (backend, SM) only filters the shared groups, so planning
+the whole matrix costs little more than planning one pair.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import NamedTuple
+
+from opcollect.cases.sources import CaseSources, load_sources
+from opcollect.errors import InputError
+from opcollect.plans import skips
+from opcollect.plans.base import BACKENDS, SMS, Group, OpPlan
+from opcollect.plans.hashes import collector_hash, plan_hash
+from opcollect.plans.ops import OPS
+from opcollect.project import ProjectTree
+
+SMOKE_CASES = 4
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    ops: tuple[str, ...] = tuple(OPS)
+    smoke: bool = False
+    case_filter: str | None = None
+    shard: tuple[int, int] | None = None  # (index, count), index counted from 0
+
+    def __post_init__(self) -> None:
+        unknown = [op for op in self.ops if op not in OPS]
+        if unknown:
+            raise InputError(f"--ops: unknown op {unknown[0]!r}; known: {', '.join(OPS)}")
+        if self.shard is not None:
+            index, count = self.shard
+            if count < 1 or not 0 <= index < count:
+                raise InputError(f"--shard {index}/{count}: need 0 <= i < N (shards are counted from 0)")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One task of the runtime: a batch of cases timed together (batch_rows), or one case."""
+
+    row_id: str
+    dispatch: str
+    case_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OpSelection:
+    op: OpPlan
+    values: list[tuple]  # kept cases as raw tuples in field order, run order
+    ids: list[str]
+    dispatch: list[str]
+    rows: list[Row] | None  # batch rows; None means one row per case
+    skipped: dict[str, int]
+    by_dtype: dict[str, int] = field(default_factory=dict)
+    by_dispatch: dict[str, int] = field(default_factory=dict)
+
+    @cached_property
+    def cases(self) -> list[NamedTuple]:
+        """The kept cases as typed values."""
+        return list(map(self.op.case_type._make, self.values))
+
+
+@dataclass(frozen=True)
+class Plan:
+    backend: str
+    sm: str
+    collector_hash: str
+    plan_hash: str  # of the whole selection, before --shard
+    options: PlanOptions
+    ops: dict[str, OpSelection]
+    model_configs: tuple[str, ...] = ()
+
+    @property
+    def total_cases(self) -> int:
+        return sum(len(s.ids) for s in self.ops.values())
+
+
+class _Picked(NamedTuple):
+    group: Group
+    dispatch: str
+    positions: list[int]
+
+
+class Planner:
+    """Loads the case sources once and plans any number of (backend, SM) pairs from them."""
+
+    def __init__(self, tree: ProjectTree, model_configs: tuple[Path, ...] = ()):
+        self.tree = tree
+        self.model_configs = tuple(str(p) for p in model_configs)
+        self.sources: CaseSources = load_sources(tree.cases, tuple(model_configs))
+        self.collector_hash = collector_hash(tree.root)
+        self._groups: dict[tuple[str, str], list[Group]] = {}
+
+    def groups(self, op: str, sm: str) -> list[Group]:
+        op_file = self.sources.grids[op]
+        grid_key = sm if sm in op_file.narrowed else "grid"
+        found = self._groups.get((op, grid_key))
+        if found is None:
+            grid = op_file.grid_for(sm)
+            shapes = self.sources.shapes(OPS[op].tp_sizes(grid))
+            found = OPS[op].expand(grid, shapes)
+            self._groups[(op, grid_key)] = found
+        return found
+
+    def plan(self, backend: str, sm: str, options: PlanOptions = PlanOptions()) -> Plan:
+        if backend not in BACKENDS:
+            raise InputError(f"--backend: unknown backend {backend!r}; known: {', '.join(BACKENDS)}, all")
+        if sm not in SMS:
+            raise InputError(f"--sm: unknown SM {sm!r}; known: {', '.join(SMS)}, all")
+        selections: dict[str, OpSelection] = {}
+        canonical: list[str] = []
+        for op in options.ops:
+            selection = self._select(OPS[op], backend, sm, options)
+            selections[op] = selection
+            canonical.extend(_canonical_lines(selection))
+        digest = plan_hash([f"backend={backend}", f"sm={sm}"], canonical)
+        if options.shard is not None:
+            selections = {op: _shard(s, *options.shard) for op, s in selections.items()}
+        return Plan(backend, sm, self.collector_hash, digest, options, selections, self.model_configs)
+
+    def _select(self, op: OpPlan, backend: str, sm: str, options: PlanOptions) -> OpSelection:
+        picked: list[_Picked] = []
+        skipped: Counter[str] = Counter()
+        prefix = options.case_filter
+        for group in self.groups(op.name, sm):
+            dispatch = op.dispatch[backend](sm, group)
+            decision = skips.decide(backend, op.name, sm, dispatch, group, self.sources.architecture_of)
+            skipped.update(decision.skipped)
+            if decision.kept == []:
+                continue
+            positions = range(len(group.values)) if decision.kept is None else decision.kept
+            if prefix:
+                positions = [i for i in positions if group.ids[i].startswith(prefix)]
+            if positions:
+                picked.append(_Picked(group, dispatch, list(positions)))
+        if options.smoke:
+            picked = _smoke(op, picked)
+        values: list[tuple] = []
+        ids: list[str] = []
+        dispatches: list[str] = []
+        by_dtype: dict[str, int] = {}
+        by_dispatch: Counter[str] = Counter()
+        for p in picked:
+            if len(p.positions) == len(p.group.values):
+                values.extend(p.group.values)
+                ids.extend(p.group.ids)
+            else:
+                values.extend([p.group.values[i] for i in p.positions])
+                ids.extend([p.group.ids[i] for i in p.positions])
+            dispatches.extend([p.dispatch] * len(p.positions))
+            by_dtype[p.group.label] = by_dtype.get(p.group.label, 0) + len(p.positions)
+            by_dispatch[p.dispatch] += len(p.positions)
+        return OpSelection(
+            op=op,
+            values=values,
+            ids=ids,
+            dispatch=dispatches,
+            rows=_batch_rows(op, backend, values, ids, dispatches),
+            skipped=dict(skipped),
+            by_dtype=by_dtype,
+            by_dispatch=dict(by_dispatch),
+        )
+
+
+def _smoke(op: OpPlan, picked: list[_Picked]) -> list[_Picked]:
+    """At most SMOKE_CASES cases, spread evenly over the cheaper half of the kept cases by cost."""
+    make = op.case_type._make
+    ranked = sorted(
+        (op.cost(make(p.group.values[i])), p.group.ids[i], n, i) for n, p in enumerate(picked) for i in p.positions
+    )
+    half = ranked[: (len(ranked) + 1) // 2]
+    count = min(SMOKE_CASES, len(half))
+    chosen = {half[(j * (len(half) - 1)) // max(1, count - 1)] for j in range(count)}
+    keep: dict[int, set[int]] = {}
+    for _, _, n, i in chosen:
+        keep.setdefault(n, set()).add(i)
+    return [
+        _Picked(p.group, p.dispatch, [i for i in p.positions if i in keep[n]]) for n, p in enumerate(picked) if n in keep
+    ]
+
+
+def _batch_rows(op: OpPlan, backend: str, values: list, ids: list[str], dispatches: list[str]) -> list[Row] | None:
+    key_of = op.batch_key.get(backend)
+    if key_of is None:
+        return None
+    members: dict[tuple[str, str], list[str]] = {}
+    for raw, case_id, dispatch in zip(values, ids, dispatches):
+        members.setdefault((key_of(op.case_type._make(raw)), dispatch), []).append(case_id)
+    rows = [Row(row_id, dispatch, tuple(case_ids)) for (row_id, dispatch), case_ids in members.items()]
+    check_exactly_once(op.name, ids, rows)
+    return rows
+
+
+def check_exactly_once(op: str, ids: list[str], rows: list[Row]) -> None:
+    """Every kept case is timed by exactly one row, and rows time nothing else."""
+    timed = Counter(case_id for row in rows for case_id in row.case_ids)
+    twice = [case_id for case_id, n in timed.items() if n > 1]
+    missing = set(ids) - timed.keys()
+    extra = timed.keys() - set(ids)
+    if twice or missing or extra:
+        example = (twice or sorted(missing) or sorted(extra))[0]
+        raise AssertionError(
+            f"{op}: batch rows time {len(twice)} cases twice, miss {len(missing)}, add {len(extra)} (e.g. {example})"
+        )
+
+
+def _canonical_lines(selection: OpSelection) -> list[str]:
+    """'case_id<TAB>dispatch[<TAB>row_id]' per case; the row is implicit when it is the case itself."""
+    if selection.rows is None:
+        return list(map("%s\t%s".__mod__, zip(selection.ids, selection.dispatch)))
+    return [f"{case_id}\t{row.dispatch}\t{row.row_id}" for row in selection.rows for case_id in row.case_ids]
+
+
+def _shard(selection: OpSelection, index: int, count: int) -> OpSelection:
+    """Rows in case-ID order go round-robin to the shards: disjoint, and together the whole op."""
+    if selection.rows is None:
+        order = sorted(range(len(selection.ids)), key=selection.ids.__getitem__)
+        mine = sorted(order[index::count])
+        rows = None
+    else:
+        rows = sorted(selection.rows, key=lambda r: r.row_id)[index::count]
+        wanted = {case_id for row in rows for case_id in row.case_ids}
+        mine = [i for i, case_id in enumerate(selection.ids) if case_id in wanted]
+    values = [selection.values[i] for i in mine]
+    dispatch = [selection.dispatch[i] for i in mine]
+    make = selection.op.case_type._make
+    return OpSelection(
+        op=selection.op,
+        values=values,
+        ids=[selection.ids[i] for i in mine],
+        dispatch=dispatch,
+        rows=rows,
+        skipped=selection.skipped,
+        by_dtype=dict(Counter(selection.op.label_of(make(v)) for v in values)),
+        by_dispatch=dict(Counter(dispatch)),
+    )
