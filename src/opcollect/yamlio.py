@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,20 +33,31 @@ def read_yaml(path: Path) -> object:
         raise InputError(f"{path}:{where} invalid YAML: {problem}") from None
 
 
+def _path(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc if part != "[key]") or "(top level)"
+
+
 def describe_validation_error(source: str, exc: ValidationError) -> str:
-    """One line: the source, the first failing field path, what was expected and what was found."""
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    """One line: the source, the failing field path, what was expected and what was found.
+
+    An unknown field is reported before the missing field it usually misspells, with a suggestion.
+    """
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     kind = err["type"]
-    found = err.get("input")
     if kind == "missing":
         detail = "missing required field; add it"
     elif kind == "extra_forbidden":
         detail = "unknown field; remove it or fix its spelling"
+        parent, name = err["loc"][:-1], str(err["loc"][-1])
+        missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"][:-1] == parent]
+        close = difflib.get_close_matches(name, missing, n=1, cutoff=0.5)
+        if close:
+            detail += f" (did you mean {close[0]!r}?)"
     else:
-        detail = f"{err['msg']} (got {found!r})"
-    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return f"{source}: field '{loc}': {detail}{more}"
+        detail = f"{err['msg']} (got {err.get('input')!r})"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: field '{_path(err['loc'])}': {detail}{more}"
 
 
 def validate(source: str, data: object, model: type[M]) -> M:

@@ -1,0 +1,120 @@
+"""Model profiles and Hugging Face config.json files add their per-rank shapes to the sweeps."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import run_cli
+from opcollect.cases.profiles import derive_shapes, read_hf_config
+from opcollect.errors import InputError
+from opcollect.plans.planner import PlanOptions, Planner
+from opcollect.project import find_project
+
+# Llama-3.1-70B, public config.json values
+LLAMA_70B = {
+    "architectures": ["LlamaForCausalLM"],
+    "_name_or_path": "meta-llama/Llama-3.1-70B",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 80,
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "torch_dtype": "bfloat16",
+}
+
+
+def llama70b_pairs() -> set[tuple[int, int]]:
+    """qkv, o, gate_up, down (n, k) per rank at TP 1, 2, 4, 8, from the public shape rules."""
+    pairs = set()
+    for tp in (1, 2, 4, 8):
+        q, kv = 64 // tp, max(8 // tp, 1)
+        pairs |= {((q + 2 * kv) * 128, 8192), (8192, q * 128), (2 * 28672 // tp, 8192), (8192, 28672 // tp)}
+    return pairs
+
+
+def _gemm_pairs(table_dir) -> set[tuple[int, int]]:
+    with open(table_dir / "gemm.csv") as handle:
+        return {(int(r["n"]), int(r["k"])) for r in csv.DictReader(handle)}
+
+
+def test_llama70b_config_adds_its_shapes_only_when_given(tree_copy, tmp_path):
+    (tree_copy / "cases" / "models" / "LlamaForCausalLM.yaml").unlink()  # no profile brings these shapes
+    config = tmp_path / "Llama-3.1-70B" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(LLAMA_70B))
+    common = ["plan", "--root", str(tree_copy), "--backend", "vllm", "--sm", "90", "--ops", "gemm"]
+    without, with_config = tmp_path / "without", tmp_path / "with"
+    assert run_cli(*common, "--table", str(without)).returncode == 0
+    done = run_cli(*common, "--model-config", str(config), "--table", str(with_config))
+    assert done.returncode == 0, done.stderr
+    expected = llama70b_pairs()
+    assert len(expected) == 16
+    base, extended = _gemm_pairs(without), _gemm_pairs(with_config)
+    assert expected <= extended
+    lacking = expected - base
+    assert {(57344, 8192), (8192, 28672), (1280, 8192)} <= lacking  # not on the base feature grid
+    assert extended - base == lacking  # the config adds exactly the shapes nothing else brings
+
+
+def test_config_and_profile_give_the_same_shapes(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_70B))
+    from_config = read_hf_config(config)
+    planner = Planner(find_project())
+    from_profile = next(m for m in planner.sources.models if m.name == "Llama-3.1-70B")
+    assert derive_shapes(from_config, [1, 2, 4, 8]) == derive_shapes(from_profile, [1, 2, 4, 8])
+    assert {tuple(s) for s in derive_shapes(from_config, [1, 2, 4, 8]).gemm} == llama70b_pairs()
+
+
+def test_unknown_architecture_lists_supported(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_70B, "architectures": ["MambaForCausalLM"]}))
+    with pytest.raises(InputError, match=r"unknown architecture 'MambaForCausalLM'; supported: .*LlamaForCausalLM"):
+        read_hf_config(config)
+
+
+def test_missing_key_is_named(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({k: v for k, v in LLAMA_70B.items() if k != "intermediate_size"}))
+    done = run_cli("plan", "--model-config", str(config))
+    assert done.returncode == 2
+    assert "missing key 'intermediate_size' required for LlamaForCausalLM" in done.stderr
+    assert str(config) in done.stderr
+
+
+def test_every_profile_shape_is_in_the_sweeps(planner):
+    """Each model's per-rank GEMM, attention, MoE and MLA shapes appear among the planned cases."""
+    plan = planner.plan("trtllm", "100")
+    gemm = {(v[2], v[3]) for v in plan.ops["gemm"].values}
+    heads = {(c.num_heads, c.num_key_value_heads, c.head_dim, c.window_size) for c in plan.ops["attention_context"].cases}
+    moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in plan.ops["moe"].cases}
+    mla = {(c.num_heads, c.tp_size) for c in plan.ops["mla_generation"].cases}
+    for spec in planner.sources.models:
+        shapes = derive_shapes(spec, [1, 2, 4, 8])
+        assert {tuple(s) for s in shapes.gemm} <= gemm, spec.name
+        assert {tuple(s) for s in shapes.attention} <= heads, spec.name
+        assert {tuple(s) for s in shapes.moe} <= moe, spec.name
+        assert {(s.num_heads // tp, tp) for s in shapes.mla for tp in (1, 2, 4, 8)} <= mla, spec.name
+
+
+def test_moe_splits_follow_the_rules(planner):
+    plan = planner.plan("vllm", "90", PlanOptions(ops=("moe",)))
+    seen = set()
+    for c in plan.ops["moe"].cases:
+        assert c.moe_ep_size <= c.num_experts and c.num_experts % c.moe_ep_size == 0
+        assert c.inter_size % c.moe_tp_size == 0
+        seen.add((c.num_experts, c.moe_tp_size, c.moe_ep_size))
+    assert (256, 1, 8) in seen and (256, 8, 1) in seen and (8, 8, 8) in seen  # DeepSeek-V3 and Mixtral
+    assert not any(experts == 8 and ep == 16 for experts, _, ep in seen)  # 8 experts cannot spread over 16
+
+
+def test_qkv_replicates_kv_heads_beyond_their_count(planner):
+    spec = next(m for m in planner.sources.models if m.name == "Qwen3-235B-A22B")  # 4 kv heads
+    shapes = derive_shapes(spec, [8])
+    assert (64 // 8, 1, 128, 0) in {tuple(h) for h in shapes.attention}
+    assert ((8 + 2 * 1) * 128, 4096) in {tuple(g) for g in shapes.gemm}

@@ -1,0 +1,109 @@
+"""The plan front door, run as users run it: real subprocesses, nox included."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, run_cli
+
+BLOCKER = '''
+import importlib.abc, sys
+BLOCKED = {"torch", "vllm", "sglang", "tensorrt_llm", "triton"}
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"blocked for this test: {name}")
+        return None
+sys.meta_path.insert(0, _Block())
+'''
+
+
+def test_nox_plans_every_backend_and_sm_with_frameworks_unimportable(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    probe = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "blocked for this test" in probe.stderr
+    nox = Path(sys.executable).with_name("nox")
+    done = subprocess.run(
+        [str(nox), "-s", "plan", "--", "--backend", "all", "--sm", "all", "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summaries = json.loads(done.stdout)
+    pairs = {(s["backend"], s["sm"]) for s in summaries}
+    assert pairs == {(b, s) for b in ("torch", "vllm", "sglang", "trtllm")
+                     for s in ("80", "86", "89", "90", "100", "103", "120", "cpu")}
+    by_pair = {(s["backend"], s["sm"]): s for s in summaries}
+    # the frameworks plan real work on GPUs and nothing on the CPU, each case left out with its reason
+    assert by_pair[("vllm", "90")]["ops"]["gemm"]["cases"] > 100_000
+    cpu = by_pair[("vllm", "cpu")]
+    assert cpu["cases"] == 0
+    assert cpu["ops"]["gemm"]["skipped"]["frameworks-need-a-gpu"]["reason"].startswith("vLLM, SGLang")
+    assert by_pair[("torch", "cpu")]["cases"] > 0
+    for s in summaries:
+        assert len(s["plan_hash"]) == 64 and len(s["collector_hash"]) == 64
+
+
+def test_plan_json_summary_fields():
+    done = run_cli("plan", "--backend", "sglang", "--sm", "100", "--json", "--ops", "gemm,moe")
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)
+    assert set(s) >= {"backend", "sm", "collector_hash", "plan_hash", "ops"}
+    assert list(s["ops"]) == ["gemm", "moe"]
+    gemm = s["ops"]["gemm"]
+    assert gemm["cases"] == sum(gemm["by_dtype"].values()) == sum(gemm["by_dispatch"].values())
+    assert "nvfp4" in gemm["by_dtype"]  # SM100 has FP4 tensor cores
+    assert gemm["skipped"]["float32-only-on-cpu"]["count"] > 0
+    assert "float32" in gemm["skipped"]["float32-only-on-cpu"]["reason"]
+
+
+def test_table_writes_one_csv_per_op_with_key_columns(tmp_path):
+    done = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--table", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "gemm.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["case_id", "dispatch", "gemm_dtype", "m", "n", "k"]
+    first = rows[0]
+    assert first["case_id"] == f"gemm:{first['gemm_dtype']}:m={first['m']},n={first['n']},k={first['k']}"
+    with open(tmp_path / "attention_context.csv") as handle:
+        header = next(csv.reader(handle))
+    assert header[2:] == ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "beam_width",
+                          "attn_dtype", "kv_cache_dtype", "step", "window_size"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{op}.csv" for op in ("gemm", "attention_context", "attention_generation", "moe", "mla_context",
+                               "mla_generation", "comm"))
+
+
+def test_piped_output_is_plain_text():
+    done = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", "gemm")
+    assert done.returncode == 0
+    assert "\x1b[" not in done.stdout and "gemm" in done.stdout and "plan_hash" in done.stdout
+
+
+def test_bad_flags_exit_2_with_one_line():
+    for args, needle in [
+        (("--sm", "75"), "--sm: unknown SM '75'"),
+        (("--backend", "onnx"), "--backend: unknown backend 'onnx'"),
+        (("--ops", "gemm,conv"), "--ops: unknown op 'conv'"),
+        (("--shard", "3/3"), "need 0 <= i < N"),
+        (("--backend", "all", "-o", "x.json"), "-o writes one plan"),
+        (("--model-config", "/nonexistent/config.json"), "/nonexistent/config.json: cannot read"),
+    ]:
+        done = run_cli("plan", *args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, done.stderr)
+
+
+def test_planning_imports_no_framework():
+    code = (
+        "import sys; from opcollect.cli import main; main(['plan','--backend','all','--sm','90','--json','--ops','gemm,comm']);"
+        "bad=[m for m in ('torch','vllm','sglang','tensorrt_llm') if m in sys.modules]; sys.exit(3 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,70 @@
+"""--shard i/N splits a plan into disjoint shards whose union is the plan; plan-diff reports changes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from opcollect.plans.planner import PlanOptions, Row, check_exactly_once
+
+
+@pytest.mark.parametrize("count", [1, 3, 7])
+def test_shards_are_disjoint_and_cover_the_plan(planner, count):
+    ops = ("gemm", "attention_generation", "mla_context", "comm")
+    whole = planner.plan("sglang", "100", PlanOptions(ops=ops))
+    shards = [planner.plan("sglang", "100", PlanOptions(ops=ops, shard=(i, count))) for i in range(count)]
+    for op in ops:
+        seen: list[str] = []
+        for shard in shards:
+            seen.extend(shard.ops[op].ids)
+        assert len(seen) == len(set(seen)), op  # disjoint
+        assert set(seen) == set(whole.ops[op].ids), op  # union is the whole
+        if count > 1 and whole.ops[op].rows is None and len(whole.ops[op].ids) >= count * 10:
+            sizes = [len(s.ops[op].ids) for s in shards]
+            assert max(sizes) - min(sizes) <= 1, (op, sizes)  # round-robin balances the case count
+    comm_rows = [r.row_id for s in shards for r in s.ops["comm"].rows]
+    assert sorted(comm_rows) == sorted(r.row_id for r in whole.ops["comm"].rows)  # batch rows stay whole
+
+
+def test_exactly_once_check_fails_on_a_bad_batch():
+    ids = ["a", "b", "c"]
+    check_exactly_once("op", ids, [Row("r1", "x", ("a", "b")), Row("r2", "x", ("c",))])
+    with pytest.raises(AssertionError, match="1 cases twice"):
+        check_exactly_once("op", ids, [Row("r1", "x", ("a", "b")), Row("r2", "x", ("b", "c"))])
+    with pytest.raises(AssertionError, match="miss 1"):
+        check_exactly_once("op", ids, [Row("r1", "x", ("a", "b"))])
+
+
+def test_plan_diff_reports_added_removed_and_dispatch(tree_copy, tmp_path):
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    base = ["plan", "--root", str(tree_copy), "--backend", "torch", "--sm", "cpu"]
+    assert run_cli(*base, "-o", str(old)).returncode == 0
+    grid = tree_copy / "cases" / "base_ops" / "gemm.yaml"
+    data = yaml.safe_load(grid.read_text())
+    data["narrowed"]["cpu"]["m"] = [1, 8, 32]  # 64 -> 32
+    grid.write_text(yaml.safe_dump(data))
+    assert run_cli(*base, "-o", str(new)).returncode == 0
+    done = run_cli("plan-diff", str(old), str(new))
+    assert done.returncode == 0, done.stderr
+    gemm_line = next(line for line in done.stdout.splitlines() if line.startswith("gemm:"))
+    added = int(gemm_line.split("+")[1].split()[0])
+    removed = int(gemm_line.split("-")[1].split()[0])
+    assert added == removed > 0
+    assert "e.g. gemm:" in done.stdout and "m=32," in done.stdout
+    assert "attention_context: unchanged" in done.stdout
+
+
+def test_plan_diff_on_summaries(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(run_cli("plan", "--backend", "vllm", "--sm", "89", "--json", "--ops", "gemm").stdout)
+    b.write_text(run_cli("plan", "--backend", "vllm", "--sm", "90", "--json", "--ops", "gemm").stdout)
+    done = run_cli("plan-diff", str(a), str(b))
+    assert done.returncode == 0, done.stderr
+    assert "gemm: +" in done.stdout and "dtype fp8_block: 0 -> " in done.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    refused = run_cli("plan-diff", str(a), str(bad))
+    assert refused.returncode == 2 and "neither a plan file" in refused.stderr
