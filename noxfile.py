@@ -7,8 +7,10 @@ Sessions run in the environment nox itself runs in (python=False): set it up onc
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import nox
+import yaml
 
 nox.options.sessions = ["tests"]
 
@@ -29,6 +31,25 @@ def plan_diff(session: nox.Session) -> None:
     _opcollect(session, "plan-diff")
 
 
+def _backends() -> list[str]:
+    """Backends pinned in pins.yaml: each gets its collect (and build) sessions."""
+    pins = yaml.safe_load((Path(__file__).parent / "pins.yaml").read_text())
+    return list(pins["backends"])
+
+
+def _collect_session(backend: str) -> None:
+    def collect(session: nox.Session) -> None:
+        session.run(sys.executable, "-m", "opcollect", "collect", backend, *session.posargs, external=True)
+
+    collect.__doc__ = (f"Collect {backend} tables: plan, run, and report (`nox -s collect-{backend} -- --sm 90`; "
+                       "`--local` runs without a container).")
+    nox.session(name=f"collect-{backend}", python=False, default=False)(collect)
+
+
+for _backend in _backends():
+    _collect_session(_backend)
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """Run the test suite (pytest); posargs go to pytest."""
@@ -38,6 +59,6 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=False, default=False)
 def bench(session: nox.Session) -> None:
     """Run the benchmarks under bench/ and print their figures: `nox -s bench -- plan`."""
-    names = session.posargs or ["plan"]
+    names = session.posargs or ["plan", "harness"]
     for name in names:
         session.run(sys.executable, f"bench/bench_{name}.py", external=True)

@@ -48,3 +48,22 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
         text=True,
         timeout=timeout,
     )
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def gemm_plan(path: Path, shapes: list[tuple[int, int, int]], backend: str = "torch", dtype: str = "float32") -> Path:
+    """A plan file for the CPU with exactly these (m, n, k) GEMM cases, in this order."""
+    from opcollect.plans.gemm import GemmCase
+    from opcollect.plans.planfile import write_plan
+    from opcollect.plans.planner import plan_of_cases
+
+    cases = [GemmCase(dtype, m, n, k) for m, n, k in shapes]
+    write_plan(plan_of_cases(backend, "cpu", "gemm", cases, "torch.nn.functional.linear", "0" * 64), path)
+    return path
+
+
+def faulty_env() -> dict:
+    """Environment for subprocesses that load the faulty backend from tests/."""
+    return {"PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}

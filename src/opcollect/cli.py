@@ -82,11 +82,86 @@ def cmd_plan_diff(args) -> int:
     return 0
 
 
+def _add_timing(p) -> None:
+    p.add_argument("--case-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds a case may take before its worker is killed (default 120)")
+    p.add_argument("--max-noise", type=float, help="stop sampling at this relative IQR (default 0.01)")
+    p.add_argument("--min-samples", type=int, help="samples before the noise check (GPU 10, CPU 5)")
+    p.add_argument("--max-case-seconds", type=float, help="sampling cap per case (GPU 1.0, CPU 0.25)")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per GPU; 1 on the CPU)")
+
+
+def _run_options(args, **overrides):
+    from opcollect.runtime.run import RunOptions
+
+    values = dict(case_timeout=args.case_timeout, max_noise=args.max_noise, min_samples=args.min_samples,
+                  max_case_seconds=args.max_case_seconds, workers=args.workers)
+    values.update(overrides)
+    return RunOptions(**values)
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="execute a plan file into a run directory (in a container or locally)")
+    p.add_argument("--plan", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, metavar="RUN_DIR")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--resume", action="store_true", help="finish a run directory of the same plan")
+    p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed cases again")
+    p.add_argument("--image-digest", help="the image this run executes in, for the provenance events")
+    _add_timing(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    from opcollect.runtime.run import describe, run_plan
+
+    options = _run_options(args, device=args.device, resume=args.resume, retry_failed=args.retry_failed,
+                           image_digest=args.image_digest)
+    print(describe(run_plan(args.plan, args.out, options)))
+    return 0
+
+
+def _add_collect(sub) -> None:
+    p = sub.add_parser("collect", help="the main job: plan, run, and report the run directory")
+    p.add_argument("backend", help="torch, vllm, sglang or trtllm")
+    p.add_argument("--sm", help="default: the SM of the device found (cpu with --device cpu)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--local", action="store_true", help="run here, without a container")
+    p.add_argument("--smoke", action="store_true", help="at most 4 cases per op")
+    p.add_argument("--ops", help="comma-separated ops (default: every op)")
+    p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON")
+    p.add_argument("--out", type=Path, metavar="RUN_DIR", help="default: runs/<backend>-sm<sm>-<plan hash>")
+    p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    _add_timing(p)
+    p.set_defaults(func=cmd_collect)
+
+
+def cmd_collect(args) -> int:
+    from opcollect.collect import CollectRequest, collect_local
+    from opcollect.plans.ops import OPS
+    from opcollect.plans.planner import PlanOptions
+    from opcollect.project import find_project
+    from opcollect.runtime.run import describe
+
+    if not args.local:
+        raise InputError("containerized collection is not available yet; pass --local to run here")
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else tuple(OPS)
+    request = CollectRequest(
+        backend=args.backend, sm=args.sm, device=args.device,
+        plan_options=PlanOptions(ops=ops, smoke=args.smoke), run_options=_run_options(args),
+        out=args.out, model_configs=tuple(args.model_config),
+    )
+    print(describe(collect_local(find_project(args.root), request)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opcollect", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_plan(sub)
     _add_plan_diff(sub)
+    _add_run(sub)
+    _add_collect(sub)
     return parser
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from opcollect.cases.sources import CaseSources, load_sources
 from opcollect.errors import InputError
 from opcollect.plans import skips
-from opcollect.plans.base import BACKENDS, SMS, Group, OpPlan
+from opcollect.plans.base import BACKENDS, SMS, Group, OpPlan, id_template
 from opcollect.plans.hashes import collector_hash, plan_hash
 from opcollect.plans.ops import OPS
 from opcollect.project import ProjectTree
@@ -166,6 +166,19 @@ class Planner:
             by_dtype=by_dtype,
             by_dispatch=dict(by_dispatch),
         )
+
+
+def plan_of_cases(backend: str, sm: str, op_name: str, cases: list[NamedTuple], dispatch: str,
+                  collector_hash: str) -> Plan:
+    """A plan of exactly these cases, in this order: to re-measure chosen cases, or to test a runtime."""
+    op = OPS[op_name]
+    values = [tuple(case) for case in cases]
+    ids = [id_template(op_name, op.fields, op.dtype_field, getattr(c, op.dtype_field)) % v for c, v in zip(cases, values)]
+    dispatches = [dispatch] * len(cases)
+    selection = OpSelection(op, values, ids, dispatches, _batch_rows(op, backend, values, ids, dispatches), {},
+                            dict(Counter(op.label_of(c) for c in cases)), dict(Counter(dispatches)))
+    digest = plan_hash([f"backend={backend}", f"sm={sm}"], _canonical_lines(selection))
+    return Plan(backend, sm, collector_hash, digest, PlanOptions(ops=(op_name,)), {op_name: selection})
 
 
 def _smoke(op: OpPlan, picked: list[_Picked]) -> list[_Picked]:

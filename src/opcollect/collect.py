@@ -1,0 +1,59 @@
+"""The main job, `opcollect collect BACKEND`: plan on the host, run, and report where the output is."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from opcollect.errors import InputError
+from opcollect.plans.planfile import write_plan
+from opcollect.plans.planner import Planner, PlanOptions
+from opcollect.project import ProjectTree
+from opcollect.runtime.run import RunOptions, RunSummary, run_plan
+
+
+@dataclass(frozen=True)
+class CollectRequest:
+    backend: str
+    sm: str | None
+    device: str  # auto, cpu, cuda
+    plan_options: PlanOptions
+    run_options: RunOptions
+    out: Path | None
+    model_configs: tuple[Path, ...] = ()
+
+
+def host_gpu_sm() -> str | None:
+    """The SM of GPU 0 as nvidia-smi reports it, without importing torch; None without a GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = done.stdout.strip().splitlines()[:1]
+    return first[0].strip().replace(".", "") if done.returncode == 0 and first else None
+
+
+def resolve_target(device: str, sm: str | None) -> tuple[str, str]:
+    """(device kind, sm): --device defaults to cuda when a GPU answers; --sm to that device's SM."""
+    gpu_sm = host_gpu_sm() if device in ("auto", "cuda") else None
+    kind = device if device != "auto" else ("cuda" if gpu_sm else "cpu")
+    if kind == "cuda" and gpu_sm is None and sm is None:
+        raise InputError("--device cuda: no GPU answers nvidia-smi; pass --sm, or use --device cpu")
+    return kind, sm or (gpu_sm if kind == "cuda" else "cpu")
+
+
+def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
+    kind, sm = resolve_target(request.device, request.sm)
+    plan = Planner(tree, request.model_configs).plan(request.backend, sm, request.plan_options)
+    run_dir = request.out or tree.root / "runs" / f"{request.backend}-sm{sm}-{plan.plan_hash[:12]}"
+    resume = (run_dir / "run.json").exists()
+    plan_path = run_dir / "plan.json"
+    if not resume:
+        write_plan(plan, plan_path)
+    options = RunOptions(**{**request.run_options.__dict__, "device": kind, "resume": resume})
+    return run_plan(plan_path, run_dir, options)

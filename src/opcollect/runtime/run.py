@@ -1,0 +1,130 @@
+"""`opcollect run`: execute a plan file into a run directory, resumably."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from opcollect.backends import load_backend
+from opcollect.errors import InputError
+from opcollect.plans.planfile import PlanFile, read_plan, write_atomic
+from opcollect.runtime.contract import KernelLimit
+from opcollect.runtime.harness import TimingConfig
+from opcollect.runtime.pool import Pool, Task
+from opcollect.runtime.progress import Progress
+from opcollect.runtime.rundir import prepare_run_dir, recorded
+from opcollect.runtime.shards import ShardWriter
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device: str = "auto"  # auto, cpu, cuda
+    resume: bool = False
+    retry_failed: bool = False
+    case_timeout: float = 120.0
+    max_noise: float | None = None
+    min_samples: int | None = None
+    max_case_seconds: float | None = None
+    workers: int | None = None
+    image_digest: str | None = None  # the container image the run executes in, when the host knows it
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: Path
+    run_id: str
+    planned: int
+    recorded_before: int
+    ok: int
+    failed_by_class: dict[str, int]
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _tasks(plan: PlanFile, skip: set[str], attempts) -> list[Task]:
+    tasks = []
+    for name, op in plan.ops.items():
+        fields_of = {cid: case._asdict() for cid, case in zip(op.ids, op.cases)}
+        for row in op.rows:
+            todo = tuple(cid for cid in row.case_ids if cid not in skip)
+            if todo:
+                attempt = 1 + max(attempts(cid) for cid in todo)
+                tasks.append(Task(row.row_id, name, row.dispatch, todo, tuple(fields_of[c] for c in todo), attempt))
+    return tasks
+
+
+def _resolve_devices(backend, plan: PlanFile, options: RunOptions) -> list[str]:
+    try:
+        devices = backend.devices(options.device, options.workers)
+    except KernelLimit as exc:
+        raise InputError(str(exc)) from None
+    sm = backend.device_sm(devices[0])
+    if sm != plan.sm:
+        raise InputError(f"the plan is for sm {plan.sm} but {devices[0]} is sm {sm}; plan with --sm {sm}")
+    return devices
+
+
+def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
+    plan = read_plan(plan_path)
+    run_dir = Path(run_dir)
+    backend = load_backend(plan.backend)
+    devices = _resolve_devices(backend, plan, options)
+    before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
+    skip = before.done(options.retry_failed)
+    tasks = _tasks(plan, skip, before.attempts)
+    kind = "cpu" if devices[0] == "cpu" else "cuda"
+    config = TimingConfig.for_device(kind, options.max_noise, options.min_samples, options.max_case_seconds)
+    threads = max(1, (os.cpu_count() or 1) // len(devices)) if kind == "cpu" else None
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    event = {"run_id": run_id, "collected_at": now_iso(), "finished_at": None, "host": socket.gethostname(),
+             "shard": None if plan.shard is None else f"{plan.shard[0]}/{plan.shard[1]}",
+             "rows": 0, "failures": 0, "image_digest": options.image_digest, "devices": devices}
+    event_path = run_dir / "events" / f"{run_id}.json"
+    write_atomic(event_path, json.dumps(event, indent=2) + "\n")
+    totals = {name: len(op.ids) for name, op in plan.ops.items()}
+    already = {name: sum(1 for cid in op.ids if cid in skip) for name, op in plan.ops.items()}
+    progress = Progress(totals, already)
+    writers = {slot: ShardWriter(run_dir / "shards" / f"{run_id}-w{slot}.jsonl") for slot in range(len(devices))}
+
+    def on_result(worker, task: Task, results: list[dict]) -> None:
+        for result in results:
+            record = {**result, "op": task.op, "row_id": task.row_id, "dispatch": task.dispatch,
+                      "attempt": task.attempt, "plan_hash": plan.plan_hash, "collector_hash": plan.collector_hash,
+                      "run_id": run_id, "worker": worker.slot, "device": worker.device,
+                      "runtime": worker.identity, "recorded_at": now_iso()}
+            writers[worker.slot].append(record)
+            progress.record(task.op, result["status"], result.get("error_class"))
+
+    pool = Pool(plan.backend, devices, threads, config, options.case_timeout, run_dir / "logs", on_result)
+    try:
+        pool.run(tasks)
+    except RuntimeError as exc:
+        raise InputError(f"{plan.backend} worker failed to start: {exc}") from None
+    finally:
+        for writer in writers.values():
+            writer.close()
+        progress.close()
+    failed = dict(progress.failures_by_class)
+    event.update(finished_at=now_iso(), rows=sum(progress.ok.values()), failures=sum(failed.values()))
+    write_atomic(event_path, json.dumps(event, indent=2) + "\n")
+    return RunSummary(run_dir, run_id, plan.total_cases, len(skip), sum(progress.ok.values()), failed)
+
+
+def describe(summary: RunSummary) -> str:
+    state = recorded(summary.run_dir)
+    total_ok = sum(1 for r in state.latest.values() if r["status"] == "ok")
+    total_failed: dict[str, int] = {}
+    for r in state.latest.values():
+        if r["status"] != "ok":
+            total_failed[r["error_class"]] = total_failed.get(r["error_class"], 0) + 1
+    missing = summary.planned - len(state.latest)
+    classes = ", ".join(f"{k} {v}" for k, v in sorted(total_failed.items())) or "none"
+    return (f"run {summary.run_id}: measured {summary.ok} this run ({summary.recorded_before} recorded before); "
+            f"{summary.run_dir}: {total_ok} rows, failures {classes}, {missing} of {summary.planned} planned cases missing")

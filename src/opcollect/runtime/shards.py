@@ -1,0 +1,57 @@
+"""Append-only, crash-safe shards: one JSON record per line, one file per worker slot and run.
+
+A record is written whole with one write() and flushed to the OS at once, so killing the process loses
+at most the record being written; fsync follows every FSYNC_EVERY records and at close. A reader skips
+a torn last line, so its case counts as not recorded and a resume runs it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+FSYNC_EVERY = 64
+
+
+class ShardWriter:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._unsynced = 0
+
+    def append(self, record: dict) -> None:
+        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        written = os.write(self._fd, line)
+        if written != len(line):
+            raise OSError(f"{self.path}: short write ({written} of {len(line)} bytes); is the disk full?")
+        self._unsynced += 1
+        if self._unsynced >= FSYNC_EVERY:
+            os.fsync(self._fd)
+            self._unsynced = 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_shard(path: Path) -> Iterator[dict]:
+    """Complete records of one shard, in write order; a torn or corrupt line is skipped."""
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                return  # torn tail: the process died mid-write
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "case_id" in record:
+                yield record
+
+
+def shard_paths(run_dir: Path) -> list[Path]:
+    return sorted((Path(run_dir) / "shards").glob("*.jsonl"))

@@ -1,0 +1,108 @@
+"""The stopping rule and statistics of the timing harness, on synthetic and real samples."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import pytest
+
+from opcollect.runtime.harness import (TimingConfig, measure_cpu, quantile, relative_iqr, sample_until_stable,
+                                       summarize)
+
+
+class FakeClock:
+    """Advances by what each sample reports, so time-based rules are exact."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def feeder(values, clock):
+    it = itertools.cycle(values) if isinstance(values, list) else values
+
+    def sample():
+        value = next(it)
+        clock.now += value if value is not None else 1e-3
+        return value
+
+    return sample
+
+
+def test_quantiles_match_statistics_module():
+    data = sorted([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0])
+    assert quantile(data, 0.5) == statistics.median(data)
+    inclusive = statistics.quantiles(data, n=4, method="inclusive")
+    assert quantile(data, 0.25) == pytest.approx(inclusive[0]) and quantile(data, 0.75) == pytest.approx(inclusive[2])
+
+
+def test_stops_at_min_samples_when_quiet():
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=10, max_case_seconds=100, warmup_seconds=0)
+    raw = sample_until_stable(feeder([1e-3], clock), config, clock)
+    assert len(raw.samples) == 10
+
+
+def test_noisy_samples_run_until_the_time_cap():
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=5, max_case_seconds=0.5, warmup_seconds=0)
+    raw = sample_until_stable(feeder([1e-3, 2e-3, 3e-3, 4e-3], clock), config, clock)
+    assert 0.5 <= raw.sampled_seconds <= 0.51
+    assert relative_iqr(raw.samples) > 0.01
+
+
+def test_one_slow_sample_does_not_end_a_case():
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=5, max_case_seconds=0.25, warmup_seconds=0)
+    raw = sample_until_stable(feeder(iter([0.6] + [2e-3] * 1000), clock), config, clock)
+    assert len(raw.samples) >= 3 and sorted(raw.samples)[len(raw.samples) // 2] == 2e-3
+
+
+def test_a_slow_case_stops_at_four_times_the_cap():
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=5, max_case_seconds=0.25, warmup_seconds=0)
+    raw = sample_until_stable(feeder([0.6, 0.9], clock), config, clock)
+    assert len(raw.samples) == 2 and raw.sampled_seconds == 1.5
+
+
+def test_noise_settles_after_outliers():
+    clock = FakeClock()
+    values = [5e-3, 9e-3, 2e-3] + [1e-3] * 100
+    config = TimingConfig(max_noise=0.01, min_samples=5, max_case_seconds=100, warmup_seconds=0)
+    raw = sample_until_stable(feeder(iter(values), clock), config, clock)
+    assert relative_iqr(raw.samples) <= 0.01 and len(raw.samples) < 40
+
+
+def test_warmup_is_by_time_and_outside_the_samples():
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.5, min_samples=3, max_case_seconds=10, warmup_seconds=0.05)
+    raw = sample_until_stable(feeder([1e-2], clock), config, clock)
+    assert raw.warmup_seconds == pytest.approx(0.05, abs=0.011)
+    assert len(raw.samples) == 3
+
+
+def test_dropped_samples_are_counted_not_used():
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=4, max_case_seconds=100, warmup_seconds=0)
+    raw = sample_until_stable(feeder([1e-3, None], clock), config, clock)
+    assert raw.dropped >= 3 and None not in raw.samples
+    stats = summarize(raw, "graph", 7, l2="rotate:4")
+    assert stats.throttled_dropped == raw.dropped and stats.calls_per_sample == 7 and stats.l2 == "rotate:4"
+    assert stats.latency == pytest.approx(1.0) and stats.latency_p25 <= stats.latency <= stats.latency_p75
+
+
+def test_cpu_path_times_a_real_call():
+    import time
+
+    def busy():
+        end = time.perf_counter() + 2e-4
+        while time.perf_counter() < end:
+            pass
+
+    stats = measure_cpu(busy, TimingConfig(max_noise=0.05, min_samples=5, max_case_seconds=0.3, warmup_seconds=0.01), 1)
+    assert stats.timing == "cpu" and stats.threads == 1
+    assert 0.19 <= stats.latency <= 0.5  # ms
+    assert stats.latency_p25 <= stats.latency <= stats.latency_p75

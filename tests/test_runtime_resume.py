@@ -1,0 +1,141 @@
+"""Shards survive SIGKILL at any moment, and --resume ends with every planned case exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, gemm_plan, run_cli
+from opcollect.runtime.rundir import read_records
+from opcollect.runtime.shards import ShardWriter, read_shard
+
+SHAPES = [(m, n, 64) for m in (1, 2, 4, 8, 16) for n in (32, 64, 96, 128, 160, 192)]  # 30 quick cases
+FAST = ["--device", "cpu", "--max-case-seconds", "0.02", "--min-samples", "3"]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start_run(plan: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "opcollect", "run", "--plan", str(plan), "--out", str(run_dir),
+                             *FAST, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for_records(run_dir: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "shards").is_dir() and len(read_records(run_dir)) >= count:
+            return
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("kill_after", [0, 3, 12])
+def test_sigkill_then_resume_records_every_case_exactly_once(tmp_path, kill_after):
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES)
+    run_dir = tmp_path / "run"
+    proc = _start_run(plan, run_dir)
+    if kill_after:
+        _wait_for_records(run_dir, kill_after, proc)
+    else:
+        time.sleep(0.5)  # inside start-up: the worker is still importing torch
+    workers = _children(proc.pid)
+    proc.kill()  # SIGKILL to the run alone: its workers must die with it
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(w) for w in workers), "a worker outlived its killed parent"
+    before = len(read_records(run_dir)) if (run_dir / "shards").exists() else 0
+    assert before < len(SHAPES)
+    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = Counter(r["case_id"] for r in read_records(run_dir))
+    assert set(counts) == {f"gemm:float32:m={m},n={n},k={k}" for m, n, k in SHAPES}
+    assert set(counts.values()) == {1}
+    assert f"({before} recorded before)" in done.stdout
+    events = [json.loads(p.read_text()) for p in (run_dir / "events").iterdir()]
+    finished = [e for e in events if e["finished_at"]]
+    assert len(finished) == 1 and finished[0]["rows"] == len(SHAPES) - before  # the resume's own event
+
+
+def test_repeated_kills_of_the_whole_group(tmp_path):
+    """Kill the run and its workers together several times, at growing record counts; then finish."""
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES)
+    run_dir = tmp_path / "run"
+    for round_, target in enumerate((2, 9, 17)):
+        proc = subprocess.Popen([sys.executable, "-m", "opcollect", "run", "--plan", str(plan), "--out", str(run_dir),
+                                 *FAST, *(["--resume"] if round_ else [])], cwd=ROOT, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _wait_for_records(run_dir, target, proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = Counter(r["case_id"] for r in read_records(run_dir))
+    assert len(counts) == len(SHAPES) and set(counts.values()) == {1}
+
+
+def test_resume_refuses_another_plan_naming_both_hashes(tmp_path):
+    first = gemm_plan(tmp_path / "a.json", SHAPES[:2])
+    second = gemm_plan(tmp_path / "b.json", SHAPES[2:4])
+    run_dir = tmp_path / "run"
+    assert run_cli("run", "--plan", str(first), "--out", str(run_dir), *FAST).returncode == 0
+    refused = run_cli("run", "--plan", str(second), "--out", str(run_dir), "--resume", *FAST)
+    assert refused.returncode == 2
+    a, b = (json.loads(p.read_text())["plan_hash"] for p in (first, second))
+    assert a in refused.stderr and b in refused.stderr
+    again = run_cli("run", "--plan", str(first), "--out", str(run_dir), *FAST)
+    assert again.returncode == 2 and "pass --resume" in again.stderr
+
+
+def test_retry_failed_runs_failed_cases_again(tmp_path):
+    from conftest import faulty_env
+
+    plan = gemm_plan(tmp_path / "plan.json", [(1, 16, 13), (1, 32, 32)], backend="faulty_backend")
+    run_dir = tmp_path / "run"
+    assert run_cli("run", "--plan", str(plan), "--out", str(run_dir), *FAST, env=faulty_env()).returncode == 0
+    plain = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST, env=faulty_env())
+    assert plain.returncode == 0 and "measured 0 this run (2 recorded before)" in plain.stdout
+    retried = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", "--retry-failed", *FAST,
+                      env=faulty_env())
+    assert retried.returncode == 0
+    attempts = sorted((r["case_id"], r["attempt"]) for r in read_records(run_dir))
+    assert attempts == [("gemm:float32:m=1,n=16,k=13", 1), ("gemm:float32:m=1,n=16,k=13", 2),
+                        ("gemm:float32:m=1,n=32,k=32", 1)]
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "shard.jsonl"
+    writer = ShardWriter(path)
+    writer.append({"case_id": "a", "status": "ok"})
+    writer.append({"case_id": "b", "status": "ok"})
+    writer.close()
+    with open(path, "ab") as handle:
+        handle.write(b'{"case_id": "c", "sta')  # a write cut short by SIGKILL
+    assert [r["case_id"] for r in read_shard(path)] == ["a", "b"]

@@ -1,0 +1,97 @@
+"""The torch backend's runners on the CPU: what they compute, route and report."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opcollect.backends.torch import attention, mla, moe  # noqa: E402
+from opcollect.backends.torch import measure, footprint, free_memory  # noqa: E402
+from opcollect.backends.torch.timing import rotation_copies  # noqa: E402
+from opcollect.plans.attention import AttentionCase  # noqa: E402
+from opcollect.plans.gemm import GemmCase  # noqa: E402
+from opcollect.plans.mla import MlaCase  # noqa: E402
+from opcollect.plans.moe import MoeCase  # noqa: E402
+from opcollect.runtime.contract import KernelLimit  # noqa: E402
+from opcollect.runtime.harness import TimingConfig  # noqa: E402
+
+QUICK = TimingConfig(max_noise=0.2, min_samples=3, max_case_seconds=0.02, warmup_seconds=0.001)
+
+
+def moe_case(distribution, ep=1, tp=1, tokens=64):
+    return MoeCase("bfloat16", tokens, 256, 128, 4, 16, tp, ep, distribution)
+
+
+def test_balanced_routing_spreads_evenly_and_power_law_skews():
+    counts, tokens = moe.local_routes(moe_case("balanced"))
+    assert counts == [16] * 16 and sorted(tokens.tolist()) == sorted(t for t in range(64) for _ in range(4))
+    skewed, _ = moe.local_routes(moe_case("power_law_1.2"))
+    assert sum(skewed) == 256 and skewed[0] > skewed[-1] and skewed[0] > 16
+    assert moe.local_routes(moe_case("power_law_1.2"))[0] == skewed  # deterministic
+
+
+def test_expert_parallel_rank_keeps_its_share():
+    counts, _ = moe.local_routes(moe_case("balanced", ep=4))
+    assert len(counts) == 4 and sum(counts) == 64
+    assert moe.local_shape(moe_case("balanced", ep=4, tp=2)) == (4, 64)
+
+
+def test_each_op_measures_on_the_cpu():
+    cases = {
+        "gemm": GemmCase("bfloat16", 4, 64, 128),
+        "attention_context": AttentionCase(2, 16, 4, 2, 64, 1, "float32", "float32", 0, 8),
+        "attention_generation": AttentionCase(2, 1, 4, 1, 64, 1, "bfloat16", "bfloat16", 31, 0),
+        "moe": moe_case("power_law_1.01"),
+        "mla_context": MlaCase("float32", "float32", 4, 1, 16, 32, 0),
+        "mla_generation": MlaCase("bfloat16", "bfloat16", 4, 2, 1, 32, 63),
+    }
+    for op, case in cases.items():
+        dispatch = "per_expert_loop" if op == "moe" else "torch.mla_absorbed" if op.startswith("mla") else "x"
+        [result] = measure(op, dispatch, [case], "cpu", QUICK)
+        assert result.stats.latency > 0 and result.stats.timing == "cpu", op
+        assert footprint(op, case) > 0
+    [sdpa] = measure("attention_context", "x", [cases["attention_context"]], "cpu", QUICK)
+    assert sdpa.kernel_source.startswith("sdpa.")
+
+
+def test_windowed_context_attention_matches_a_reference():
+    """The band mask the runner builds gives what an explicit softmax over the window gives."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    pos = torch.arange(8)
+    band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - 3)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band)
+    scores = (q @ k.transpose(-1, -2)) / 4.0
+    scores = scores.masked_fill(~band, float("-inf"))
+    assert torch.allclose(out, scores.softmax(-1) @ v, atol=1e-5)
+    assert attention.kv_length(AttentionCase(1, 1, 4, 1, 64, 1, "bfloat16", "bfloat16", 1000, 128), False) == 128
+
+
+@pytest.mark.parametrize("queries, causal", [(1, False), (4, True)])
+def test_absorbed_mla_attention_equals_per_head_attention(queries, causal):
+    """The runner's folded heads over the shared latent cache give per-head attention on that cache."""
+    torch.manual_seed(0)
+    b, h, keys, d = 2, 3, 4 if causal else 5, mla.KV_LORA + mla.ROPE
+    q = torch.randn(b, h, queries, d)
+    cache = torch.randn(b, keys, d)
+    hidden = torch.triu(torch.ones(queries, keys, dtype=torch.bool), diagonal=1) if causal else None
+    folded = mla.attend(q.reshape(b, h * queries, d), cache, h, queries, hidden, 0.1).view(b, h, queries, -1)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q, cache[:, None].expand(b, h, keys, d), cache[:, None, :, : mla.KV_LORA].expand(b, h, keys, mla.KV_LORA),
+        is_causal=causal, scale=0.1)
+    assert torch.allclose(folded, reference, atol=1e-4)
+
+
+def test_unsupported_dtypes_are_kernel_limits():
+    with pytest.raises(KernelLimit):
+        measure("gemm", "torch._scaled_mm", [GemmCase("fp8", 16, 64, 64)], "cpu", QUICK)
+    with pytest.raises(KernelLimit):
+        measure("attention_generation", "x", [AttentionCase(1, 1, 4, 4, 64, 1, "bfloat16", "fp8", 7, 0)], "cpu", QUICK)
+
+
+def test_rotation_covers_three_l2_sizes_within_memory():
+    assert rotation_copies(10 * 2**20, 50 * 2**20, 100 * 2**30) == 15
+    assert rotation_copies(400 * 2**20, 50 * 2**20, 100 * 2**30) == 1
+    assert rotation_copies(10 * 2**20, 50 * 2**20, 60 * 2**20) == 3  # only half the free memory
+    assert free_memory("cpu") > 0
