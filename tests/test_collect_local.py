@@ -1,0 +1,59 @@
+"""The embedded default end to end: `nox -s collect-torch -- --local --device cpu --smoke`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from conftest import ROOT, gemm_plan, run_cli
+from opcollect.runtime.rundir import read_records
+
+OPS = {"gemm", "attention_context", "attention_generation", "moe", "mla_context", "mla_generation", "comm"}
+
+
+def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
+    run_dir = tmp_path / "run"
+    nox = Path(sys.executable).with_name("nox")
+    done = subprocess.run([str(nox), "-s", "collect-torch", "--", "--local", "--device", "cpu", "--smoke",
+                           "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(run_dir)
+    assert {r["op"] for r in records} == OPS
+    assert all(r["status"] == "ok" for r in records), [r for r in records if r["status"] != "ok"][:2]
+    per_op = Counter(r["op"] for r in records)
+    assert all(1 <= n <= 4 for n in per_op.values())
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["backend"] == "torch" and plan["sm"] == "cpu" and plan["selection"]["smoke"] is True
+    assert sum(len(op["case_id"]) for op in plan["ops"].values()) == len(records)
+    assert "0 of" in done.stdout and "planned cases missing" in done.stdout
+    # a second collect of the same plan resumes: nothing left to measure
+    again = run_cli("collect", "torch", "--local", "--device", "cpu", "--smoke", "--out", str(run_dir))
+    assert again.returncode == 0 and f"measured 0 this run ({len(records)} recorded before)" in again.stdout
+
+
+def test_two_cpu_workers_share_the_cases(tmp_path):
+    shapes = [(m, 64, 64) for m in range(1, 9)]
+    plan = gemm_plan(tmp_path / "plan.json", shapes)
+    done = run_cli("run", "--plan", str(plan), "--out", str(tmp_path / "run"), "--device", "cpu", "--workers", "2",
+                   "--max-case-seconds", "0.02")
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = read_records(tmp_path / "run")
+    assert len(records) == len(shapes) == len({r["case_id"] for r in records})
+    assert {r["worker"] for r in records} == {0, 1}
+    assert {r["stats"]["threads"] for r in records} == {1}  # two cores split between two workers
+
+
+def test_device_and_plan_mismatches_exit_2(tmp_path):
+    no_gpu = run_cli("collect", "torch", "--local", "--device", "cuda")
+    assert no_gpu.returncode == 2 and "no GPU answers nvidia-smi" in no_gpu.stderr
+    plan = tmp_path / "sm90.json"
+    assert run_cli("plan", "--backend", "torch", "--sm", "90", "--ops", "comm", "-o", str(plan)).returncode == 0
+    wrong = run_cli("run", "--plan", str(plan), "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert wrong.returncode == 2 and "the plan is for sm 90 but cpu is sm cpu" in wrong.stderr
+    missing = run_cli("run", "--plan", str(tmp_path / "nope.json"), "--out", str(tmp_path / "run"))
+    assert missing.returncode == 2 and "nope.json: cannot read plan" in missing.stderr
+    unknown = run_cli("collect", "onnx", "--local", "--device", "cpu", "--ops", "comm")
+    assert unknown.returncode == 2 and "--backend: unknown backend 'onnx'" in unknown.stderr
