@@ -6,6 +6,7 @@ import json
 
 from conftest import gemm_plan, run_cli, faulty_env
 from opcollect.runtime.rundir import read_records
+from opcollect.runtime.shards import read_runtimes, shard_paths
 
 HEALTHY = [(1, 64, 64), (4, 128, 64), (2, 64, 128), (8, 32, 32), (3, 96, 64)]
 FAULTY = [(1, 16, 11), (1, 16, 12), (1, 16, 13), (1, 16, 14), (1, 16, 15)]
@@ -20,6 +21,8 @@ def test_each_failure_is_classified_and_healthy_cases_are_measured(tmp_path):
                    "--max-case-seconds", "0.05", env=faulty_env())
     assert done.returncode == 0, done.stderr[-3000:]
     records = {r["case_id"]: r for r in read_records(run_dir)}
+    runtimes = {k: v for path in shard_paths(run_dir) for k, v in read_runtimes(path).items()}
+    assert len(runtimes) >= 2  # the crashes and the sticky error replaced the first worker
     assert len(records) == len(shapes) == len(read_records(run_dir))  # each case exactly once
     by_k = {int(cid.rsplit("k=", 1)[1]): r for cid, r in records.items()}
     assert by_k[11]["error_class"] == "crash" and "SIGSEGV" in by_k[11]["message"]
@@ -33,7 +36,8 @@ def test_each_failure_is_classified_and_healthy_cases_are_measured(tmp_path):
         stats = record["stats"]
         assert stats["latency"] > 0 and stats["latency_p25"] <= stats["latency"] <= stats["latency_p75"]
         assert stats["timing"] == "cpu" and stats["threads"] >= 1 and stats["samples"] >= 1
-        assert record["runtime"]["framework"] == "torch" and record["runtime"]["torch"]
+        runtime = runtimes[record["runtime_id"]]
+        assert runtime["framework"] == "torch" and runtime["torch"] and runtime["device"] == "cpu"
         assert record["plan_hash"] == json.loads(plan.read_text())["plan_hash"]
     assert "failures crash 1, kernel_limit 1, timeout 1, unexpected 2" in done.stdout
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())

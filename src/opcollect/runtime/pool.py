@@ -43,6 +43,7 @@ class _Worker:
     log_path: Path
     buffer: bytes = b""
     identity: dict | None = None
+    runtime_id: str = ""  # names this worker process's identity in the shards
     task: Task | None = None
     deadline: float = 0.0
     started: float = field(default_factory=time.monotonic)
@@ -92,7 +93,8 @@ class Pool:
                                 start_new_session=True)
         log.close()
         os.set_blocking(proc.stdout.fileno(), False)
-        worker = _Worker(slot, device, proc, log_path, deadline=time.monotonic() + READY_TIMEOUT_SECONDS)
+        worker = _Worker(slot, device, proc, log_path, deadline=time.monotonic() + READY_TIMEOUT_SECONDS,
+                         runtime_id=f"w{slot}.{self.spawned}")
         self.selector.register(proc.stdout, selectors.EVENT_READ, worker)
         return worker
 

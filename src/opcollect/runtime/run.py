@@ -93,13 +93,20 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     progress = Progress(totals, already)
     writers = {slot: ShardWriter(run_dir / "shards" / f"{run_id}-w{slot}.jsonl") for slot in range(len(devices))}
 
+    announced: set[str] = set()
+
     def on_result(worker, task: Task, results: list[dict]) -> None:
+        writer = writers[worker.slot]
+        runtime_id = f"{run_id}.{worker.runtime_id}"
+        if runtime_id not in announced and worker.identity is not None:
+            writer.append_runtime({"runtime_id": runtime_id, "worker": worker.slot, "worker_device": worker.device,
+                                   **worker.identity})
+            announced.add(runtime_id)
         for result in results:
             record = {**result, "op": task.op, "row_id": task.row_id, "dispatch": task.dispatch,
                       "attempt": task.attempt, "plan_hash": plan.plan_hash, "collector_hash": plan.collector_hash,
-                      "run_id": run_id, "worker": worker.slot, "device": worker.device,
-                      "runtime": worker.identity, "recorded_at": now_iso()}
-            writers[worker.slot].append(record)
+                      "run_id": run_id, "worker": worker.slot, "runtime_id": runtime_id, "recorded_at": now_iso()}
+            writer.append(record)
             progress.record(task.op, result["status"], result.get("error_class"))
 
     pool = Pool(plan.backend, devices, threads, config, options.case_timeout, run_dir / "logs", on_result)

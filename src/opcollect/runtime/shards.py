@@ -1,5 +1,10 @@
 """Append-only, crash-safe shards: one JSON record per line, one file per worker slot and run.
 
+Two kinds of line: a runtime line ({"kind": "runtime", "runtime_id", framework, version, python, torch,
+cuda, driver, device, host, ...}) once per worker process, then case records that name it by
+``runtime_id`` ({"case_id", "op", "status", "stats" or "error_class"/"message", "kernel_source",
+"attempt", "plan_hash", "collector_hash", "run_id", "recorded_at", ...}).
+
 A record is written whole with one write() and flushed to the OS at once, so killing the process loses
 at most the record being written; fsync follows every FSYNC_EVERY records and at close. A reader skips
 a torn last line, so its case counts as not recorded and a resume runs it again.
@@ -32,6 +37,9 @@ class ShardWriter:
             os.fsync(self._fd)
             self._unsynced = 0
 
+    def append_runtime(self, identity: dict) -> None:
+        self.append({"kind": "runtime", **identity})
+
     def close(self) -> None:
         if self._fd >= 0:
             os.fsync(self._fd)
@@ -39,8 +47,8 @@ class ShardWriter:
             self._fd = -1
 
 
-def read_shard(path: Path) -> Iterator[dict]:
-    """Complete records of one shard, in write order; a torn or corrupt line is skipped."""
+def read_lines(path: Path) -> Iterator[dict]:
+    """Complete lines of one shard, both kinds, in write order; a torn or corrupt line is skipped."""
     with open(path, "rb") as handle:
         for raw in handle:
             if not raw.endswith(b"\n"):
@@ -49,8 +57,18 @@ def read_shard(path: Path) -> Iterator[dict]:
                 record = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(record, dict) and "case_id" in record:
+            if isinstance(record, dict):
                 yield record
+
+
+def read_shard(path: Path) -> Iterator[dict]:
+    """Case records of one shard, in write order."""
+    return (line for line in read_lines(path) if "case_id" in line)
+
+
+def read_runtimes(path: Path) -> dict[str, dict]:
+    """The runtime identities a shard announces, by runtime_id."""
+    return {line["runtime_id"]: line for line in read_lines(path) if line.get("kind") == "runtime"}
 
 
 def shard_paths(run_dir: Path) -> list[Path]:
