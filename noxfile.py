@@ -50,6 +50,30 @@ for _backend in _backends():
     _collect_session(_backend)
 
 
+@nox.session(python=False, default=False)
+def merge(session: nox.Session) -> None:
+    """Merge run directories into tables: `nox -s merge -- RUN_DIR... --into TABLES`."""
+    _opcollect(session, "merge")
+
+
+@nox.session(python=False, default=False)
+def check(session: nox.Session) -> None:
+    """Data rules R1-R7 over a tables tree: `nox -s check -- TABLES [--strict]`."""
+    _opcollect(session, "check")
+
+
+@nox.session(python=False, default=False)
+def verify(session: nox.Session) -> None:
+    """Recompute every hash of a tables tree against its manifest and sidecars: `nox -s verify -- TABLES`."""
+    _opcollect(session, "verify")
+
+
+@nox.session(python=False, default=False)
+def compare(session: nox.Session) -> None:
+    """Compare two tables on their keys: `nox -s compare -- OLD NEW [--op gemm] [--plot out.png]`."""
+    _opcollect(session, "compare")
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """Run the test suite (pytest); posargs go to pytest."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from opcollect.backends.torch import measure
 from opcollect.plans.gemm import GemmCase
+from opcollect.plans.hashes import installed_collector_hash
 from opcollect.plans.planfile import write_plan
 from opcollect.plans.planner import plan_of_cases
 from opcollect.runtime.harness import TimingConfig
@@ -31,7 +32,8 @@ RUNS = 3
 def _run(cases: list[GemmCase], **timing) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = Path(tmp) / "plan.json"
-        write_plan(plan_of_cases("torch", "cpu", "gemm", cases, "torch.nn.functional.linear", "0" * 64), plan_path)
+        write_plan(plan_of_cases("torch", "cpu", "gemm", cases, "torch.nn.functional.linear",
+                                 installed_collector_hash()), plan_path)
         run_plan(plan_path, Path(tmp) / "run", RunOptions(device="cpu", **timing))
         records = read_records(Path(tmp) / "run")
     return sorted(records, key=lambda r: r["recorded_at"])

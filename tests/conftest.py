@@ -56,11 +56,12 @@ TESTS = Path(__file__).resolve().parent
 def gemm_plan(path: Path, shapes: list[tuple[int, int, int]], backend: str = "torch", dtype: str = "float32") -> Path:
     """A plan file for the CPU with exactly these (m, n, k) GEMM cases, in this order."""
     from opcollect.plans.gemm import GemmCase
+    from opcollect.plans.hashes import collector_hash
     from opcollect.plans.planfile import write_plan
     from opcollect.plans.planner import plan_of_cases
 
     cases = [GemmCase(dtype, m, n, k) for m, n, k in shapes]
-    write_plan(plan_of_cases(backend, "cpu", "gemm", cases, "torch.nn.functional.linear", "0" * 64), path)
+    write_plan(plan_of_cases(backend, "cpu", "gemm", cases, "torch.nn.functional.linear", collector_hash(ROOT)), path)
     return path
 
 

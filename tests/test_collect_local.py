@@ -17,8 +17,10 @@ OPS = {"gemm", "attention_context", "attention_generation", "moe", "mla_context"
 def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
     run_dir = tmp_path / "run"
     nox = Path(sys.executable).with_name("nox")
+    tables = tmp_path / "tables"
     done = subprocess.run([str(nox), "-s", "collect-torch", "--", "--local", "--device", "cpu", "--smoke",
-                           "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "--out", str(run_dir), "--tables", str(tables)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(run_dir)
     assert {r["op"] for r in records} == OPS
@@ -30,7 +32,8 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
     assert sum(len(op["case_id"]) for op in plan["ops"].values()) == len(records)
     assert "0 of" in done.stdout and "planned cases missing" in done.stdout
     # a second collect of the same plan resumes: nothing left to measure
-    again = run_cli("collect", "torch", "--local", "--device", "cpu", "--smoke", "--out", str(run_dir))
+    again = run_cli("collect", "torch", "--local", "--device", "cpu", "--smoke", "--out", str(run_dir),
+                    "--tables", str(tables))
     assert again.returncode == 0 and f"measured 0 this run ({len(records)} recorded before)" in again.stdout
 
 

@@ -139,3 +139,16 @@ def test_torn_last_line_is_skipped(tmp_path):
     with open(path, "ab") as handle:
         handle.write(b'{"case_id": "c", "sta')  # a write cut short by SIGKILL
     assert [r["case_id"] for r in read_shard(path)] == ["a", "b"]
+
+
+def test_run_refuses_a_plan_of_other_collector_source(tmp_path):
+    from opcollect.plans.gemm import GemmCase
+    from opcollect.plans.planfile import write_plan
+    from opcollect.plans.planner import plan_of_cases
+
+    plan = tmp_path / "plan.json"
+    write_plan(plan_of_cases("torch", "cpu", "gemm", [GemmCase("float32", 1, 8, 8)], "x", "f" * 64), plan)
+    done = run_cli("run", "--plan", str(plan), "--out", str(tmp_path / "run"), *FAST)
+    assert done.returncode == 2
+    assert "planned by collector_hash " + "f" * 64 in done.stderr and "re-plan" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -130,14 +130,15 @@ def _add_collect(sub) -> None:
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op")
     p.add_argument("--ops", help="comma-separated ops (default: every op)")
     p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON")
-    p.add_argument("--out", type=Path, metavar="RUN_DIR", help="default: runs/<backend>-sm<sm>-<plan hash>")
+    p.add_argument("--out", type=Path, metavar="RUN_DIR", help="default: runs/<backend>-sm<sm>-<plan hash>-<collector hash>")
+    p.add_argument("--tables", type=Path, metavar="DIR", help="merge into this TABLES directory (default: tables/)")
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
     _add_timing(p)
     p.set_defaults(func=cmd_collect)
 
 
 def cmd_collect(args) -> int:
-    from opcollect.collect import CollectRequest, collect_local
+    from opcollect.collect import CollectRequest, collect_local, finish
     from opcollect.plans.ops import OPS
     from opcollect.plans.planner import PlanOptions
     from opcollect.project import find_project
@@ -151,7 +152,79 @@ def cmd_collect(args) -> int:
         plan_options=PlanOptions(ops=ops, smoke=args.smoke), run_options=_run_options(args),
         out=args.out, model_configs=tuple(args.model_config),
     )
-    print(describe(collect_local(find_project(args.root), request)))
+    tree = find_project(args.root)
+    summary = collect_local(tree, request)
+    print(describe(summary))
+    return finish(tree, summary.run_dir, args.tables or tree.root / "tables")
+
+
+def _add_merge(sub) -> None:
+    p = sub.add_parser("merge", help="merge run directories into tables with sidecars and a manifest")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("--into", type=Path, required=True, metavar="TABLES")
+    p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    p.set_defaults(func=cmd_merge)
+
+
+def cmd_merge(args) -> int:
+    from opcollect.project import find_project
+    from opcollect.tables.merge import merge
+
+    for table in merge(args.run_dirs, args.into, find_project(args.root)):
+        print(f"{args.into / table.path}: {table.rows} rows, {table.failures} failures, {table.status}")
+    return 0
+
+
+def _add_check(sub) -> None:
+    p = sub.add_parser("check", help="data rules R1-R7 over every table under TABLES")
+    p.add_argument("tables", type=Path, metavar="TABLES")
+    p.add_argument("--strict", action="store_true", help="noisy rows (R7) fail the check")
+    p.add_argument("--noise-bound", type=float, default=0.05, help="relative IQR above which R7 counts a row")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args) -> int:
+    from opcollect.tables.rules import check_tables
+
+    findings = check_tables(args.tables, strict=args.strict, noise_bound=args.noise_bound)
+    for finding in findings:
+        print(finding.render())
+    failed = [f for f in findings if not f.warning]
+    print(f"check {args.tables}: {len(failed)} violations, {len(findings) - len(failed)} warnings")
+    return 1 if failed else 0
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="recompute every sha256 against manifest.json and the sidecars")
+    p.add_argument("tables", type=Path, metavar="TABLES")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    from opcollect.tables.verify import verify_tables
+
+    report = verify_tables(args.tables)
+    sys.stdout.write(report.render())
+    return 0 if report.clean else 1
+
+
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="join two tables on their key columns and report NEW/OLD")
+    p.add_argument("old", type=Path)
+    p.add_argument("new", type=Path)
+    p.add_argument("--op", help="which table when a directory holds several (e.g. gemm, attention_context)")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="write ratio against the sweep axis")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args) -> int:
+    from opcollect.tables.compare import compare_tables, plot, render
+
+    comparison = compare_tables(args.old, args.new, args.op)
+    sys.stdout.write(render(comparison))
+    if args.plot:
+        plot(comparison, args.plot)
+        print(f"plot written to {args.plot}")
     return 0
 
 
@@ -162,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_diff(sub)
     _add_run(sub)
     _add_collect(sub)
+    _add_merge(sub)
+    _add_check(sub)
+    _add_verify(sub)
+    _add_compare(sub)
     return parser
 
 

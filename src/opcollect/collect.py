@@ -1,4 +1,4 @@
-"""The main job, `opcollect collect BACKEND`: plan on the host, run, and report where the output is."""
+"""The main job, `opcollect collect BACKEND`: plan on the host, run, merge and check the tables."""
 
 from __future__ import annotations
 
@@ -50,10 +50,29 @@ def resolve_target(device: str, sm: str | None) -> tuple[str, str]:
 def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
     kind, sm = resolve_target(request.device, request.sm)
     plan = Planner(tree, request.model_configs).plan(request.backend, sm, request.plan_options)
-    run_dir = request.out or tree.root / "runs" / f"{request.backend}-sm{sm}-{plan.plan_hash[:12]}"
+    # the collector hash is in the name: an edited collector starts a new run instead of resuming
+    name = f"{request.backend}-sm{sm}-{plan.plan_hash[:12]}-{plan.collector_hash[:8]}"
+    run_dir = request.out or tree.root / "runs" / name
     resume = (run_dir / "run.json").exists()
     plan_path = run_dir / "plan.json"
     if not resume:
         write_plan(plan, plan_path)
     options = RunOptions(**{**request.run_options.__dict__, "device": kind, "resume": resume})
     return run_plan(plan_path, run_dir, options)
+
+
+def finish(tree: ProjectTree, run_dir: Path, tables: Path) -> int:
+    """Merge the run into TABLES, check them, print where they are; 1 when a data rule is violated."""
+    from opcollect.tables.merge import merge
+    from opcollect.tables.rules import check_tables
+
+    written = merge([run_dir], tables, tree)
+    for table in written:
+        print(f"  {tables / table.path}: {table.rows} rows, {table.failures} failures, {table.status}")
+    findings = check_tables(tables)
+    violations = [f for f in findings if not f.warning]
+    for finding in violations:
+        print(finding.render())
+    print(f"tables in {tables}: {len(written)} written; check: {len(violations)} violations, "
+          f"{len(findings) - len(violations)} warnings")
+    return 1 if violations else 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from opcollect.backends import load_backend
 from opcollect.errors import InputError
+from opcollect.plans.hashes import installed_collector_hash
 from opcollect.plans.planfile import PlanFile, read_plan, write_atomic
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.harness import TimingConfig
@@ -71,8 +72,17 @@ def _resolve_devices(backend, plan: PlanFile, options: RunOptions) -> list[str]:
     return devices
 
 
+def check_collector(plan_path: Path, plan: PlanFile) -> None:
+    """Refuse a plan made by other collector source than the one about to run it."""
+    installed = installed_collector_hash()
+    if installed is not None and installed != plan.collector_hash:
+        raise InputError(f"{plan_path}: planned by collector_hash {plan.collector_hash}, but this collector is "
+                         f"{installed}; re-plan with this collector (and use a new --out)")
+
+
 def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     plan = read_plan(plan_path)
+    check_collector(plan_path, plan)
     run_dir = Path(run_dir)
     backend = load_backend(plan.backend)
     devices = _resolve_devices(backend, plan, options)

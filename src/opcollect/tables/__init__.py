@@ -1,1 +1,1 @@
-"""tables."""
+"""Tables: merge shards into parquet tables with sidecars and a manifest; check, verify, compare."""

@@ -1,0 +1,135 @@
+"""`opcollect compare OLD NEW`: join two tables on their key columns and report NEW/OLD.
+
+OLD and NEW are perf parquet files, or directories holding them (a table directory, or a TABLES tree
+with one table of the op). Rows join on op_name and the table's key fields, so tables of different
+frameworks, versions or kernels compare: ours against the reference tables, or two runs of ours.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from opcollect.errors import InputError
+from opcollect.tables.schema import TableSchema, schemas
+
+STEP_TOLERANCE = 0.05  # a latency that drops by more than this along the sweep axis is non-monotonic
+
+
+@dataclass(frozen=True)
+class Comparison:
+    table: str
+    shared: int
+    median: float
+    p10: float
+    p90: float
+    largest: list[tuple[str, float, float, float]]  # key, old, new, ratio
+    non_monotonic: list[tuple[str, float, float]]  # key at the step, latency before, latency after
+    axis: str
+    points: list[tuple[float, float]]  # (sweep axis value, ratio)
+
+
+def _resolve(path: Path, op: str | None) -> tuple[Path, TableSchema]:
+    path = Path(path)
+    if path.is_file():
+        candidates = [path]
+    elif path.is_dir():
+        candidates = sorted(path.rglob("*_perf.parquet"))
+    else:
+        raise InputError(f"{path}: no such table or directory")
+    wanted = {s.name: s for s in schemas().values() if op is None or s.op.name == op or s.name == op}
+    matches = [(p, wanted[p.stem]) for p in candidates if p.stem in wanted]
+    if len(matches) != 1:
+        names = sorted({p.stem for p, _ in matches}) or sorted({p.stem for p in candidates})
+        raise InputError(f"{path}: {len(matches)} tables match; pick one with --op (found: {', '.join(names) or 'none'})")
+    return matches[0]
+
+
+def _key(schema: TableSchema) -> list[str]:
+    return ["op_name", *schema.key_fields]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def non_monotonic_steps(table: pa.Table, schema: TableSchema) -> list[tuple[str, float, float]]:
+    """Steps along the sweep axis where latency drops by more than STEP_TOLERANCE, other keys fixed."""
+    axis = schema.sweep_axis
+    others = [k for k in _key(schema) if k != axis] + ["kernel_source"]
+    rows = table.select([*others, axis, "latency"]).sort_by([(c, "ascending") for c in [*others, axis]]).to_pylist()
+    steps = []
+    for before, after in zip(rows, rows[1:]):
+        same_series = all(before[c] == after[c] for c in others)
+        if same_series and after["latency"] < before["latency"] * (1 - STEP_TOLERANCE):
+            label = ",".join(f"{k}={after[k]}" for k in _key(schema))
+            steps.append((label, before["latency"], after["latency"]))
+    return steps
+
+
+def compare_tables(old_path: Path, new_path: Path, op: str | None = None) -> Comparison:
+    old_file, schema = _resolve(old_path, op)
+    new_file, new_schema = _resolve(new_path, op or schema.op.name)
+    if new_schema.name != schema.name:
+        raise InputError(f"{old_file.name} and {new_file.name} are different tables; pick one with --op")
+    keys = _key(schema)
+    old = pq.read_table(old_file, columns=[*keys, "latency"]).rename_columns([*keys, "old"])
+    new_full = pq.read_table(new_file)
+    new = new_full.select([*keys, "latency"]).rename_columns([*keys, "new"])
+    # several kernels per key (old reference tables): compare the fastest, which a simulator would pick
+    old = old.group_by(keys).aggregate([("old", "min")]).rename_columns([*keys, "old"])
+    new = new.group_by(keys).aggregate([("new", "min")]).rename_columns([*keys, "new"])
+    joined = old.join(new, keys, join_type="inner").sort_by([(k, "ascending") for k in keys])
+    if joined.num_rows == 0:
+        raise InputError(f"{old_file} and {new_file} share no key; are they the same op and grid?")
+    ratio = pc.divide(joined["new"], joined["old"]).to_pylist()
+    rows = joined.to_pylist()
+    ranked = sorted(zip(rows, ratio), key=lambda item: -abs(math.log(item[1])) if item[1] > 0 else -math.inf)
+    largest = [(",".join(f"{k}={r[k]}" for k in keys), r["old"], r["new"], q) for r, q in ranked[:10]]
+    axis = schema.sweep_axis
+    return Comparison(
+        table=schema.name, shared=joined.num_rows, median=statistics.median(ratio), p10=_percentile(ratio, 0.1),
+        p90=_percentile(ratio, 0.9), largest=largest, non_monotonic=non_monotonic_steps(new_full, schema),
+        axis=axis, points=[(float(r[axis]), q) for r, q in zip(rows, ratio)],
+    )
+
+
+def render(c: Comparison) -> str:
+    lines = [f"{c.table}: {c.shared} shared keys; NEW/OLD median {c.median:.3f}, p10 {c.p10:.3f}, p90 {c.p90:.3f}",
+             "largest deviations:"]
+    lines += [f"  {key}: old {old:.6g} ms, new {new:.6g} ms, ratio {q:.3f}" for key, old, new, q in c.largest]
+    lines.append(f"non-monotonic steps along {c.axis} in NEW (drop > {STEP_TOLERANCE:.0%}): {len(c.non_monotonic)}")
+    lines += [f"  {key}: {a:.6g} -> {b:.6g} ms" for key, a, b in c.non_monotonic[:10]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(c: Comparison, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("--plot needs matplotlib: pip install 'opcollect[plot]'") from None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    xs, ys = zip(*c.points)
+    ax.scatter(xs, ys, s=4, alpha=0.4)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(c.axis)
+    ax.set_ylabel("latency NEW / OLD")
+    ax.set_title(f"{c.table}: {c.shared} keys, median {c.median:.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

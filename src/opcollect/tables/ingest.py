@@ -1,0 +1,93 @@
+"""Read run directories into Arrow: the plan's cases per op, the latest record per case, runtimes, events.
+
+Shards are parsed by Arrow's JSON reader (C++, both cores); a torn last line is cut off first, and a
+shard with a corrupt line inside falls back to the line-by-line reader, which skips that line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from opcollect.errors import InputError
+from opcollect.plans.planfile import FORMAT, read_plan_json
+from opcollect.runtime.shards import read_lines, shard_paths
+from opcollect.tables.schema import schema_for_op
+
+STATS = pa.struct([("latency", pa.float64()), ("latency_p25", pa.float64()), ("latency_p75", pa.float64()),
+                   ("samples", pa.int64()), ("noise", pa.float64()), ("timing", pa.string()),
+                   ("sm_clock_mhz", pa.float64())])
+RUNTIME_FIELDS = ("runtime_id", "framework", "version", "python", "torch", "cuda", "driver", "device", "host",
+                  "worker_device")
+# both kinds of shard line in one schema: a runtime line leaves the case fields null, and the reverse
+RECORD = pa.schema([
+    ("kind", pa.string()), *[(name, pa.string()) for name in RUNTIME_FIELDS if name != "runtime_id"],
+    ("case_id", pa.string()), ("op", pa.string()), ("status", pa.string()),
+    ("kernel_source", pa.string()), ("dispatch", pa.string()), ("error_class", pa.string()),
+    ("message", pa.string()), ("attempt", pa.int64()), ("plan_hash", pa.string()),
+    ("collector_hash", pa.string()), ("run_id", pa.string()), ("runtime_id", pa.string()),
+    ("recorded_at", pa.string()), ("stats", STATS),
+])
+CASE_FIELDS = [name for name in RECORD.names if name not in RUNTIME_FIELDS or name == "runtime_id"]
+
+
+@dataclass(frozen=True)
+class RunData:
+    run_dir: Path
+    backend: str
+    sm: str
+    plan_hash: str
+    collector_hash: str
+    plan_cases: dict[str, pa.Table]  # op -> case_id + key fields, planned
+    records: pa.Table  # case records: CASE_FIELDS minus kind, with stats flattened to stats.<name>
+    runtimes: dict[str, dict]  # runtime_id -> identity
+    events: list[dict]
+
+
+def _parse_shard(path: Path) -> pa.Table:
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1  # a torn tail is a record that was never written
+    if end == 0:
+        return RECORD.empty_table()
+    try:
+        return pajson.read_json(pa.py_buffer(data[:end]), parse_options=pajson.ParseOptions(
+            explicit_schema=RECORD, unexpected_field_behavior="ignore"))
+    except pa.ArrowInvalid:
+        rows = [line for line in read_lines(path)]
+        return pa.Table.from_pylist([{k: r.get(k) for k in RECORD.names} for r in rows], schema=RECORD)
+
+
+def _plan_tables(path: Path, data: dict) -> dict[str, pa.Table]:
+    tables = {}
+    for op, raw in data["ops"].items():
+        schema = schema_for_op(op)
+        columns = {"case_id": pa.array(raw["case_id"], pa.string())}
+        for name, kind in schema.field_types():
+            columns[name] = pa.array(raw["columns"][name], kind)
+        tables[op] = pa.table(columns)
+    return tables
+
+
+def load_run(run_dir: Path) -> RunData:
+    run_dir = Path(run_dir)
+    identity_path = run_dir / "run.json"
+    if not identity_path.is_file():
+        raise InputError(f"{run_dir}: not a run directory (no run.json); give the --out of `opcollect run`")
+    identity = json.loads(identity_path.read_text())
+    plan = read_plan_json(run_dir / "plan.json")
+    if plan.get("format") != FORMAT:
+        raise InputError(f"{run_dir / 'plan.json'}: not an opcollect plan file")
+    parts = [_parse_shard(p) for p in shard_paths(run_dir)]
+    lines = pa.concat_tables(parts) if parts else RECORD.empty_table()
+    # stats.latency, stats.samples, ...: flat columns, which joins can carry
+    records = lines.filter(pc.is_valid(lines["case_id"])).select([c for c in CASE_FIELDS if c != "kind"]).flatten()
+    announced = lines.filter(pc.equal(lines["kind"], "runtime")).select(list(RUNTIME_FIELDS)).to_pylist()
+    runtimes = {line["runtime_id"]: line for line in announced}
+    events = [json.loads(p.read_text()) for p in sorted((run_dir / "events").glob("*.json"))]
+    return RunData(run_dir, identity["backend"], identity["sm"], identity["plan_hash"], identity["collector_hash"],
+                   _plan_tables(run_dir / "plan.json", plan), records, runtimes, events)

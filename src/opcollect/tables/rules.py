@@ -1,0 +1,192 @@
+"""`opcollect check TABLES`: the data rules R1-R7 over every table directory under TABLES.
+
+R1 schema   columns, types and order are the table's schema
+R2 keys     no two rows share a key
+R3 values   no nulls; latency finite and positive; p25 <= latency <= p75
+R4 account  every planned case is a row or a failure (a partial table's gaps are warnings), once,
+            and nothing outside the plan is present
+R5 prov.    the sidecar validates, and its hashes and counts match the files
+R6 identity every row's framework, version, device and op_name match the sidecar
+R7 noise    rows noisier than the bound are counted: a warning, a failure with --strict
+Legacy (schema 1) sidecars, like the reference tables', have no plan, hashes or identity: R1 checks their
+leading columns and latency, then R2 and R3 (latency) apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from opcollect.errors import InputError
+from opcollect.images.pins import FRAMEWORK_NAMES
+from opcollect.tables import sidecar as sc
+from opcollect.tables.schema import TableSchema, schemas, table_files
+from opcollect.tables.store import sha256_file
+
+NOISE_BOUND = 0.05
+MAX_KEYS = 10
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    path: str
+    message: str
+    keys: tuple[str, ...] = ()
+    warning: bool = False
+
+    def render(self) -> str:
+        level = "warning" if self.warning else "violation"
+        shown = f": {', '.join(self.keys)}" if self.keys else ""
+        return f"{self.rule} {level}: {self.path}: {self.message}{shown}"
+
+
+def _ids(table: pa.Table, mask) -> tuple[str, ...]:
+    """Up to MAX_KEYS offending rows: their case IDs, or their key values in a table without them."""
+    picked = table.filter(mask).slice(0, MAX_KEYS)
+    if "case_id" in table.column_names:
+        return tuple(str(v) for v in picked["case_id"].to_pylist())
+    keys = [c for c in table.column_names[3:] if c != "latency"]
+    return tuple(",".join(f"{k}={row[k]}" for k in keys) for row in picked.to_pylist())
+
+
+def _r1(path: Path, table: pa.Table, expected: pa.Schema, legacy: bool) -> list[Finding]:
+    names, wanted = table.schema.names, expected.names
+    if legacy:
+        wanted = [n for n in wanted if n not in ("latency_p25", "latency_p75", "samples", "noise", "timing", "case_id")]
+        names = names[: len(wanted)]
+    if names != wanted:
+        return [Finding("R1", str(path), f"columns {names} differ from {wanted}")]
+    wrong = [f"{n}: {table.schema.field(n).type} (want {expected.field(n).type})" for n in wanted
+             if table.schema.field(n).type != expected.field(n).type]
+    return [Finding("R1", str(path), "wrong types", tuple(wrong[:MAX_KEYS]))] if wrong else []
+
+
+def _r2(path: Path, table: pa.Table, schema: TableSchema) -> list[Finding]:
+    keys = [c for c in schema.key_columns if c in table.column_names]
+    counted = table.group_by(keys).aggregate([([], "count_all")])
+    dupes = counted.filter(pc.greater(counted["count_all"], 1))
+    if not dupes.num_rows:
+        return []
+    shown = tuple(",".join(str(row[k]) for k in keys[3:]) for row in dupes.slice(0, MAX_KEYS).to_pylist())
+    return [Finding("R2", str(path), f"{dupes.num_rows} keys appear more than once", shown)]
+
+
+def _r3(path: Path, table: pa.Table, legacy: bool) -> list[Finding]:
+    found = []
+    for name in table.column_names:
+        if table[name].null_count:
+            found.append(Finding("R3", str(path), f"{table[name].null_count} nulls in {name}",
+                                 _ids(table, pc.is_null(table[name]))))
+    latency = table["latency"]
+    bad = pc.or_(pc.invert(pc.is_finite(latency)), pc.less_equal(latency, 0))
+    if pc.any(bad).as_py():
+        found.append(Finding("R3", str(path), "latency not finite and positive", _ids(table, bad)))
+    if not legacy:
+        order = pc.or_(pc.greater(table["latency_p25"], latency), pc.greater(latency, table["latency_p75"]))
+        if pc.any(order).as_py():
+            found.append(Finding("R3", str(path), "p25 <= latency <= p75 broken", _ids(table, order)))
+    return found
+
+
+def _r4(path: Path, perf: pa.Table, failures: pa.Table, planned: pa.Table, partial: bool) -> list[Finding]:
+    found = []
+    done = pa.concat_arrays([perf["case_id"].combine_chunks(), failures["case_id"].combine_chunks()])
+    missing = pc.invert(pc.is_in(planned["case_id"], value_set=done))
+    if pc.any(missing).as_py():
+        count = pc.sum(missing).as_py()
+        found.append(Finding("R4", str(path), f"{count} planned cases have neither a row nor a failure",
+                             _ids(planned, missing), warning=partial))
+    for name, table in (("rows", perf), ("failures", failures)):
+        outside = pc.invert(pc.is_in(table["case_id"], value_set=planned["case_id"].combine_chunks()))
+        if pc.any(outside).as_py():
+            found.append(Finding("R4", str(path), f"{name} outside the plan", _ids(table, outside)))
+    both = pc.is_in(failures["case_id"], value_set=perf["case_id"].combine_chunks())
+    if pc.any(both).as_py():
+        found.append(Finding("R4", str(path), "cases both measured and failed", _ids(failures, both)))
+    return found
+
+
+def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: float) -> list[Finding]:
+    found: list[Finding] = []
+    for name, entry in meta.tables.items():
+        schema = schemas().get(name)
+        if schema is None:
+            found.append(Finding("R5", str(directory / sc.SIDECAR), f"unknown table {name!r}"))
+            continue
+        perf_name, failures_name, plan_name = table_files(name)
+        paths = [directory / n for n in (perf_name, failures_name, plan_name)]
+        absent = [p.name for p in paths if not p.is_file()]
+        if absent:
+            found.append(Finding("R5", str(directory), f"{name}: missing files", tuple(absent)))
+            continue
+        perf, failures, planned = (pq.read_table(p) for p in paths)
+        path = paths[0]
+        found += _r1(path, perf, schema.perf, legacy=False) + _r1(paths[1], failures, schema.failures, legacy=False)
+        if found and found[-1].rule == "R1":
+            continue
+        found += _r2(path, perf, schema) + _r3(path, perf, legacy=False)
+        found += _r4(path, perf, failures, planned, partial=entry.status == "partial")
+        if sha256_file(path) != entry.file_sha256:
+            found.append(Finding("R5", str(path), "sha256 differs from the sidecar's file_sha256"))
+        if (perf.num_rows, failures.num_rows) != (entry.rows, entry.failures):
+            found.append(Finding("R5", str(path), f"{perf.num_rows} rows/{failures.num_rows} failures, sidecar says "
+                                                  f"{entry.rows}/{entry.failures}"))
+        found += _r6(path, perf, schema, FRAMEWORK_NAMES.get(meta.runtime.framework, meta.runtime.framework),
+                     meta.runtime.version, meta.system.device)
+        noisy = pc.greater(perf["noise"], noise_bound)
+        if pc.any(noisy).as_py():
+            found.append(Finding("R7", str(path), f"{pc.sum(noisy).as_py()} rows with noise above {noise_bound}",
+                                 _ids(perf, noisy), warning=not strict))
+    return found
+
+
+def _r6(path: Path, perf: pa.Table, schema: TableSchema, framework: str | None, version: str | None,
+        device: str | None) -> list[Finding]:
+    found = []
+    for column, wanted in (("framework", framework), ("version", version), ("device", device),
+                           ("op_name", schema.op.op_name)):
+        if wanted is None:
+            continue
+        off = pc.not_equal(perf[column], wanted)
+        if pc.any(off).as_py():
+            found.append(Finding("R6", str(path), f"{column} is not {wanted!r}", _ids(perf, off)))
+    return found
+
+
+def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
+    found: list[Finding] = []
+    for name in meta.tables:
+        schema = schemas().get(name)
+        path = directory / table_files(name)[0]
+        if schema is None or not path.is_file():
+            continue
+        perf = pq.read_table(path)
+        findings = _r1(path, perf, schema.perf, legacy=True)
+        found += findings
+        if not findings:
+            found += _r2(path, perf, schema) + _r3(path, perf, legacy=True)
+    return found
+
+
+def check_tables(root: Path, strict: bool = False, noise_bound: float = NOISE_BOUND) -> list[Finding]:
+    root = Path(root)
+    sidecars = sorted(root.rglob(sc.SIDECAR))
+    if not sidecars:
+        raise InputError(f"{root}: no {sc.SIDECAR} below it; give the TABLES directory of `opcollect merge`")
+    found: list[Finding] = []
+    for path in sidecars:
+        try:
+            meta = sc.read_sidecar(path)
+        except InputError as exc:
+            found.append(Finding("R5", str(path), str(exc).split(": ", 1)[-1]))
+            continue
+        if isinstance(meta, sc.SidecarV2):
+            found += _check_v2(path.parent, meta, strict, noise_bound)
+        else:
+            found += _check_v1(path.parent, meta)
+    return found
