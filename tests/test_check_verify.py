@@ -1,0 +1,177 @@
+"""verify catches tampering; check names the rule each broken table violates; the sidecar is strict."""
+
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import ROOT, fake_run, run_cli
+from opcollect.errors import InputError
+from opcollect.plans.gemm import GemmCase
+from opcollect.project import find_project
+from opcollect.tables.merge import merge
+from opcollect.tables.rules import check_tables
+from opcollect.tables.sidecar import SidecarV1, read_sidecar
+from opcollect.tables.verify import verify_tables
+
+CASES = [GemmCase("bfloat16", m, n, 1024) for m in (1, 8, 64) for n in (1024, 2048)]
+DIR = "h200_sxm/gemm/vllm/0.24.0"
+REFERENCE = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
+
+
+@pytest.fixture
+def tables(tmp_path):
+    root = tmp_path / "tables"
+    merge([fake_run(tmp_path / "run", CASES, status={"gemm:bfloat16:m=64,n=2048,k=1024": "oom"})], root,
+          find_project())
+    assert verify_tables(root).clean
+    return root
+
+
+def test_flipped_byte_in_parquet(tables):
+    path = tables / DIR / "gemm_perf.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = verify_tables(tables)
+    assert report.modified == [f"{DIR}/gemm_perf.parquet"] and report.sidecar == [f"{DIR}/gemm_perf.parquet"]
+    done = run_cli("verify", str(tables))
+    assert done.returncode == 1 and f"modified: {DIR}/gemm_perf.parquet" in done.stdout
+
+
+def test_edited_sidecar(tables):
+    path = tables / DIR / "collection_meta.yaml"
+    path.write_text(path.read_text().replace("rows: 5", "rows: 6"))
+    assert verify_tables(tables).modified == [f"{DIR}/collection_meta.yaml"]
+    assert any(f.rule == "R5" and "sidecar says 6/1" in f.message for f in check_tables(tables))
+
+
+def test_deleted_and_extra_files(tables):
+    (tables / DIR / "gemm_failures.parquet").unlink()
+    (tables / DIR / "notes.txt").write_text("hello")
+    report = verify_tables(tables)
+    assert report.missing == [f"{DIR}/gemm_failures.parquet"] and report.unexpected == [f"{DIR}/notes.txt"]
+    assert run_cli("verify", str(tables)).returncode == 1
+
+
+def test_verify_without_manifest_is_bad_input(tmp_path):
+    done = run_cli("verify", str(tmp_path))
+    assert done.returncode == 2 and "no manifest.json" in done.stderr
+
+
+def _rewrite(tables, change, name="gemm_perf.parquet"):
+    path = tables / DIR / name
+    path.write_bytes(b"")
+    table = change(pq.read_table(_original(tables, name)))
+    pq.write_table(table, path)
+
+
+def _original(tables, name):
+    return tables.parent / "run-original" / name
+
+
+@pytest.fixture
+def breakable(tables):
+    keep = tables.parent / "run-original"
+    keep.mkdir()
+    for name in ("gemm_perf.parquet", "gemm_failures.parquet", "gemm_plan.parquet"):
+        shutil.copy(tables / DIR / name, keep / name)
+    return tables
+
+
+def _rules(tables, strict=False):
+    return {(f.rule, f.warning) for f in check_tables(tables, strict=strict)}
+
+
+def test_r1_schema(breakable):
+    _rewrite(breakable, lambda t: t.drop_columns(["noise"]))
+    assert ("R1", False) in _rules(breakable)
+    _rewrite(breakable, lambda t: t.set_column(t.schema.get_field_index("m"), "m", pc.cast(t["m"], pa.int32())))
+    findings = check_tables(breakable)
+    assert any(f.rule == "R1" and "m: int32 (want int64)" in f.keys for f in findings)
+
+
+def test_r2_duplicate_keys(breakable):
+    _rewrite(breakable, lambda t: pa.concat_tables([t, t.slice(0, 1)]))
+    [finding] = [f for f in check_tables(breakable) if f.rule == "R2"]
+    assert "1 keys appear more than once" in finding.message
+    assert finding.keys == ("gemm,cutlass,bfloat16,1,1024,1024",)  # op_name, kernel_source, then the key fields
+
+
+def test_r3_values(breakable):
+    def negative(t):
+        latency = pc.multiply(t["latency"], -1.0)
+        return t.set_column(t.schema.get_field_index("latency"), "latency", latency)
+    _rewrite(breakable, negative)
+    findings = [f for f in check_tables(breakable) if f.rule == "R3"]
+    assert any("latency not finite and positive" in f.message for f in findings)
+    assert any("p25 <= latency <= p75" in f.message for f in findings)
+    _rewrite(breakable, lambda t: t.set_column(t.schema.get_field_index("timing"), "timing",
+                                               pa.array([None] * t.num_rows, pa.string())))
+    assert any(f.rule == "R3" and "nulls in timing" in f.message for f in check_tables(breakable))
+
+
+def test_r4_accounting(breakable):
+    _rewrite(breakable, lambda t: t.slice(1))  # a measured case vanished from a complete table
+    finding = next(f for f in check_tables(breakable) if f.rule == "R4")
+    assert not finding.warning and "1 planned cases have neither" in finding.message
+    _rewrite(breakable, lambda t: t.slice(0, 1), name="gemm_plan.parquet")
+    _rewrite(breakable, lambda t: t)
+    assert any(f.rule == "R4" and "rows outside the plan" in f.message for f in check_tables(breakable))
+
+
+def test_r5_provenance(breakable):
+    meta = breakable / DIR / "collection_meta.yaml"
+    data = yaml.safe_load(meta.read_text())
+    data["tables"]["gemm_perf"]["surprise"] = 1
+    meta.write_text(yaml.safe_dump(data))
+    [finding] = [f for f in check_tables(breakable) if f.rule == "R5"]
+    assert "tables.gemm_perf.surprise" in finding.message and "unknown field" in finding.message
+
+
+def test_r6_identity(breakable):
+    _rewrite(breakable, lambda t: t.set_column(t.schema.get_field_index("device"), "device",
+                                               pa.array(["NVIDIA H100 80GB HBM3"] * t.num_rows)))
+    finding = next(f for f in check_tables(breakable) if f.rule == "R6")
+    assert "device is not 'NVIDIA H200'" in finding.message and len(finding.keys) == 5
+
+
+def test_r7_noise_is_a_warning_unless_strict(breakable):
+    def noisy(t):
+        return t.set_column(t.schema.get_field_index("noise"), "noise", pa.array([0.2] * t.num_rows))
+    _rewrite(breakable, noisy)
+    assert ("R7", True) in _rules(breakable)
+    assert ("R7", False) in _rules(breakable, strict=True)
+    done = run_cli("check", str(breakable), "--strict")
+    assert done.returncode == 1 and "R7 violation" in done.stdout
+
+
+def test_clean_tables_pass_check_cli(tables):
+    done = run_cli("check", str(tables))
+    assert done.returncode == 0 and "0 violations" in done.stdout
+
+
+def test_sidecar_reader_is_strict_and_reads_legacy(tables, tmp_path):
+    for path in sorted(REFERENCE.rglob("collection_meta.yaml")):
+        assert isinstance(read_sidecar(path), SidecarV1)
+    meta = tables / DIR / "collection_meta.yaml"
+    data = yaml.safe_load(meta.read_text())
+    data["system"]["gpus"] = "eight"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match=r"bad.yaml: field 'system.gpus': Input should be a valid integer"):
+        read_sidecar(bad)
+    data["system"]["gpus"] = 8
+    data["schema_version"] = 3
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match="schema_version"):
+        read_sidecar(bad)
+
+
+def test_reference_tables_pass_the_rules_that_apply():
+    assert [f.render() for f in check_tables(REFERENCE) if not f.warning] == []

@@ -1,0 +1,55 @@
+"""compare: reference against itself, two of our runs, monotonicity, and the plot."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT, fake_run, run_cli
+from opcollect.errors import InputError
+from opcollect.plans.gemm import GemmCase
+from opcollect.project import find_project
+from opcollect.tables.compare import compare_tables
+from opcollect.tables.merge import merge
+
+REFERENCE = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
+
+
+def test_reference_table_against_itself():
+    path = REFERENCE / "gemm/vllm/0.24.0/gemm_perf.parquet"
+    c = compare_tables(path, path)
+    assert c.shared == 107225 and c.median == c.p10 == c.p90 == 1.0
+    assert all(ratio == 1.0 for *_, ratio in c.largest) and len(c.largest) == 10
+    attention = compare_tables(REFERENCE / "attention", REFERENCE / "attention", op="attention_generation")
+    assert attention.table == "generation_attention_perf" and attention.median == 1.0
+
+
+def test_two_runs_of_ours(tmp_path):
+    cases = [GemmCase("bfloat16", m, n, 4096) for m in (1, 16, 256) for n in (1024, 4096)]
+    a, b = tmp_path / "a", tmp_path / "b"
+    merge([fake_run(tmp_path / "ra", cases, latency=1.0)], a, find_project())
+    merge([fake_run(tmp_path / "rb", cases, latency=1.5)], b, find_project())
+    png = tmp_path / "ratio.png"
+    done = run_cli("compare", str(a), str(b), "--op", "gemm", "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    assert "gemm_perf: 6 shared keys; NEW/OLD median 1.500, p10 1.500, p90 1.500" in done.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_non_monotonic_steps_are_reported(tmp_path):
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 2, 4, 8)]
+    tables = tmp_path / "t"
+    run = fake_run(tmp_path / "r", cases)
+    # make m=4 faster than m=2 by rewriting the shard's latencies in place
+    shard = next((run / "shards").glob("*.jsonl"))
+    text = shard.read_text().splitlines()
+    text = [line.replace('"latency":1.0,', '"latency":0.5,').replace('"latency_p25":0.99', '"latency_p25":0.49')
+            if "m=4," in line else line for line in text]
+    shard.write_text("\n".join(text) + "\n")
+    merge([run], tables, find_project())
+    c = compare_tables(tables, tables, op="gemm")
+    assert [key for key, *_ in c.non_monotonic] == ["op_name=gemm,gemm_dtype=bfloat16,m=4,n=1024,k=1024"]
+
+
+def test_ambiguous_directory_asks_for_op():
+    with pytest.raises(InputError, match="2 tables match; pick one with --op"):
+        compare_tables(REFERENCE / "attention", REFERENCE / "attention")

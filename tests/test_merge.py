@@ -1,0 +1,177 @@
+"""merge: layout, columns, latest-wins, events, status, refusals, determinism, atomicity."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT, fake_run, run_cli
+from opcollect.errors import InputError
+from opcollect.plans.gemm import GemmCase
+from opcollect.project import find_project
+from opcollect.tables.merge import merge
+from opcollect.tables.rules import check_tables
+from opcollect.tables.sidecar import read_sidecar
+from opcollect.tables.verify import verify_tables
+
+CASES = [GemmCase("bfloat16", m, n, 4096) for m in (1, 2, 4) for n in (4096, 7168)]
+DIR = "h200_sxm/gemm/vllm/0.24.0"
+REFERENCE = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
+
+
+def _perf(tables):
+    return pq.read_table(tables / DIR / "gemm_perf.parquet")
+
+
+def test_layout_columns_and_sidecar(tmp_path):
+    run = fake_run(tmp_path / "run", CASES, status={"gemm:bfloat16:m=1,n=7168,k=4096": "kernel_limit"})
+    tables = tmp_path / "tables"
+    [written] = merge([run], tables, find_project())
+    assert written.path == f"{DIR}/gemm_perf.parquet" and (written.rows, written.failures) == (5, 1)
+    assert sorted(p.name for p in (tables / DIR).iterdir()) == [
+        "collection_meta.yaml", "gemm_failures.parquet", "gemm_perf.parquet", "gemm_plan.parquet"]
+    perf = _perf(tables)
+    reference = pq.read_table(REFERENCE / "gemm/vllm/0.24.0/gemm_perf.parquet").schema
+    assert perf.schema.names[: len(reference.names)] == reference.names  # the reference columns lead, in order
+    assert [perf.schema.field(n).type for n in reference.names] == [reference.field(n).type for n in reference.names]
+    assert perf.schema.names[len(reference.names):] == ["latency_p25", "latency_p75", "samples", "noise", "timing",
+                                                         "case_id"]
+    row = perf.to_pylist()[0]
+    assert (row["framework"], row["version"], row["device"], row["op_name"]) == ("VLLM", "0.24.0", "NVIDIA H200", "gemm")
+    assert pq.ParquetFile(tables / DIR / "gemm_perf.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
+    failures = pq.read_table(tables / DIR / "gemm_failures.parquet").to_pylist()
+    assert failures[0]["error_class"] == "kernel_limit" and failures[0]["attempts"] == 1
+    meta = read_sidecar(tables / DIR / "collection_meta.yaml")
+    entry = meta.tables["gemm_perf"]
+    assert meta.schema_version == 2 and meta.system.name == "h200_sxm" and meta.system.sm == "90"
+    assert meta.runtime.cuda == "12.8" and meta.system.sm_clock_mhz == 1980.0
+    assert entry.status == "complete" and (entry.rows, entry.failures) == (5, 1)
+    assert [(e.run_id, e.rows, e.failures) for e in entry.events] == [("r1", 5, 1)]
+    assert verify_tables(tables).clean
+    assert [f for f in check_tables(tables) if not f.warning] == []
+
+
+def test_row_order_is_sorted_and_merge_is_deterministic(tmp_path):
+    run = fake_run(tmp_path / "run", list(reversed(CASES)))
+    first, second = tmp_path / "a", tmp_path / "b"
+    merge([run], first, find_project())
+    merge([run], second, find_project())
+    perf = _perf(first).to_pylist()
+    assert [(r["m"], r["n"]) for r in perf] == sorted((r["m"], r["n"]) for r in perf)
+    for name in ("gemm_perf.parquet", "gemm_failures.parquet", "gemm_plan.parquet", "collection_meta.yaml"):
+        assert (first / DIR / name).read_bytes() == (second / DIR / name).read_bytes(), name
+
+
+def test_newer_event_replaces_rows_and_keeps_both_events(tmp_path):
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "old", CASES, latency=2.0, run_id="old",
+                    recorded_at="2026-11-01T00:00:00.000+00:00")], tables, find_project())
+    newer = fake_run(tmp_path / "new", CASES[:2], latency=1.0, run_id="new",
+                     recorded_at="2026-11-02T00:00:00.000+00:00",
+                     status={"gemm:bfloat16:m=1,n=7168,k=4096": "timeout"})
+    merge([newer], tables, find_project())
+    rows = {r["case_id"]: r["latency"] for r in _perf(tables).to_pylist()}
+    assert rows["gemm:bfloat16:m=1,n=4096,k=4096"] == 1.0  # replaced by the newer event
+    assert rows["gemm:bfloat16:m=1,n=7168,k=4096"] == 2.0  # a failure never replaces a measured row
+    assert rows["gemm:bfloat16:m=4,n=7168,k=4096"] == 2.0  # untouched by the newer event
+    assert len(rows) == len(CASES)
+    events = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].events
+    assert [e.run_id for e in events] == ["old", "new"]
+    assert verify_tables(tables).clean
+
+
+def test_shards_of_one_plan_merge_into_one_complete_table(tmp_path):
+    a = fake_run(tmp_path / "a", CASES, run_id="a", status={c: "missing" for c in
+                 ["gemm:bfloat16:m=1,n=4096,k=4096", "gemm:bfloat16:m=2,n=4096,k=4096"]})
+    b = fake_run(tmp_path / "b", CASES, run_id="b", status={f"gemm:bfloat16:m={m},n={n},k=4096": "missing"
+                 for m in (1, 2, 4) for n in (4096, 7168)
+                 if (m, n) not in ((1, 4096), (2, 4096))})
+    tables = tmp_path / "tables"
+    merge([a], tables, find_project())
+    meta = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"]
+    assert meta.status == "partial" and meta.rows == 4
+    r4 = [f for f in check_tables(tables) if f.rule == "R4"]
+    assert r4 and r4[0].warning and "2 planned cases" in r4[0].message
+    merge([a, b], tables, find_project())
+    meta = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"]
+    assert meta.status == "complete" and meta.rows == len(CASES)
+
+
+def test_mixing_collector_hashes_is_refused(tmp_path):
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "a", CASES)], tables, find_project())
+    other = fake_run(tmp_path / "b", CASES, digest="e" * 64)
+    with pytest.raises(InputError, match=r"holds collector_hash .* the runs have e{64}"):
+        merge([other], tables, find_project())
+    with pytest.raises(InputError, match="mix collector hashes"):
+        merge([fake_run(tmp_path / "c", CASES), other], tmp_path / "fresh", find_project())
+    assert verify_tables(tables).clean
+
+
+def test_other_versions_and_systems_get_their_own_tables(tmp_path):
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "a", CASES), fake_run(tmp_path / "b", CASES, version="0.25.0", run_id="b"),
+           fake_run(tmp_path / "c", CASES, device="NVIDIA B200", sm="100", run_id="c")], tables, find_project())
+    assert (tables / "h200_sxm/gemm/vllm/0.25.0/gemm_perf.parquet").is_file()
+    assert (tables / "b200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet").is_file()
+    unknown = fake_run(tmp_path / "d", CASES, device="NVIDIA H20", run_id="d")
+    with pytest.raises(InputError, match="device 'NVIDIA H20' matches no systems"):
+        merge([unknown], tables, find_project())
+
+
+def test_merge_cli_and_errors(tmp_path):
+    run = fake_run(tmp_path / "run", CASES)
+    done = run_cli("merge", str(run), "--into", str(tmp_path / "tables"))
+    assert done.returncode == 0 and "6 rows, 0 failures, complete" in done.stdout
+    bad = run_cli("merge", str(tmp_path), "--into", str(tmp_path / "tables"))
+    assert bad.returncode == 2 and "not a run directory" in bad.stderr
+
+
+def _merge_proc(run, tables):
+    return subprocess.Popen([sys.executable, "-m", "opcollect", "merge", str(run), "--into", str(tables)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_merge_killed_part_way_leaves_the_earlier_tables_valid(tmp_path):
+    cases = [GemmCase("bfloat16", m, n, k) for m in range(1, 101) for n in range(64, 64 + 300) for k in (512, 1024)]
+    big = fake_run(tmp_path / "big", cases, run_id="big", recorded_at="2026-11-05T00:00:00.000+00:00")
+    timing = tmp_path / "timing"
+    merge([fake_run(tmp_path / "small", CASES)], timing, find_project())
+    start = time.monotonic()
+    assert _merge_proc(big, timing).wait() == 0
+    duration = time.monotonic() - start
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "small2", CASES, run_id="small2")], tables, find_project())
+    before = (tables / "manifest.json").read_bytes()
+    outcomes = []
+    for fraction in ("staging", 0.3, 0.5, 0.65, 0.8, 0.9, 0.97):
+        proc = _merge_proc(big, tables)
+        if fraction == "staging":  # the moment the staging copy appears, before it is complete
+            deadline = time.monotonic() + 2 * duration + 5
+            while not list(tmp_path.glob(".tables.staging-*")) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        else:
+            time.sleep(duration * fraction)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        staged = bool(list(tmp_path.glob(".tables.staging-*")))
+        report = verify_tables(tables)
+        assert report.clean, (fraction, report.render())
+        unchanged = (tables / "manifest.json").read_bytes() == before
+        assert unchanged or _perf(tables).num_rows == len(CASES) + len(cases)  # the old tables or the whole new ones
+        assert [f for f in check_tables(tables) if not f.warning] == []
+        outcomes.append((fraction, staged, unchanged))
+        if not unchanged:
+            break
+    assert any(staged and unchanged for _, staged, unchanged in outcomes), outcomes  # a kill landed mid-merge
+    done = run_cli("merge", str(big), "--into", str(tables))  # a later merge cleans up and completes
+    assert done.returncode == 0 and verify_tables(tables).clean
+    assert _perf(tables).num_rows == len(CASES) + len(cases)
+    assert not list(tmp_path.glob(".tables.*"))
