@@ -24,13 +24,13 @@ STATS = pa.struct([("latency", pa.float64()), ("latency_p25", pa.float64()), ("l
                    ("sm_clock_mhz", pa.float64())])
 RUNTIME_FIELDS = ("runtime_id", "framework", "version", "python", "torch", "cuda", "driver", "device", "host",
                   "worker_device")
-# both kinds of shard line in one schema: a runtime line leaves the case fields null, and the reverse
+# both kinds of shard line in one schema: a runtime line leaves the case fields null, and the reverse.
+# A record's plan_hash and collector_hash repeat run.json's; merge takes them from there, unparsed.
 RECORD = pa.schema([
     ("kind", pa.string()), *[(name, pa.string()) for name in RUNTIME_FIELDS if name != "runtime_id"],
     ("case_id", pa.string()), ("op", pa.string()), ("status", pa.string()),
     ("kernel_source", pa.string()), ("dispatch", pa.string()), ("error_class", pa.string()),
-    ("message", pa.string()), ("attempt", pa.int64()), ("plan_hash", pa.string()),
-    ("collector_hash", pa.string()), ("run_id", pa.string()), ("runtime_id", pa.string()),
+    ("message", pa.string()), ("attempt", pa.int64()), ("run_id", pa.string()), ("runtime_id", pa.string()),
     ("recorded_at", pa.string()), ("stats", STATS),
 ])
 CASE_FIELDS = [name for name in RECORD.names if name not in RUNTIME_FIELDS or name == "runtime_id"]
@@ -49,16 +49,27 @@ class RunData:
     events: list[dict]
 
 
+def _intact(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        if handle.tell() == 0:
+            return True
+        handle.seek(-1, 2)
+        return handle.read(1) == b"\n"
+
+
 def _parse_shard(path: Path) -> pa.Table:
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1  # a torn tail is a record that was never written
-    if end == 0:
+    options = pajson.ParseOptions(explicit_schema=RECORD, unexpected_field_behavior="ignore")
+    if path.stat().st_size == 0:
         return RECORD.empty_table()
     try:
-        return pajson.read_json(pa.py_buffer(data[:end]), parse_options=pajson.ParseOptions(
-            explicit_schema=RECORD, unexpected_field_behavior="ignore"))
+        if _intact(path):  # Arrow reads the file itself: no second copy in Python memory
+            return pajson.read_json(path, parse_options=options)
+        data = path.read_bytes()
+        end = data.rfind(b"\n") + 1  # a torn tail is a record that was never written
+        return pajson.read_json(pa.py_buffer(data[:end]), parse_options=options) if end else RECORD.empty_table()
     except pa.ArrowInvalid:
-        rows = [line for line in read_lines(path)]
+        rows = list(read_lines(path))
         return pa.Table.from_pylist([{k: r.get(k) for k in RECORD.names} for r in rows], schema=RECORD)
 
 
@@ -82,12 +93,15 @@ def load_run(run_dir: Path) -> RunData:
     plan = read_plan_json(run_dir / "plan.json")
     if plan.get("format") != FORMAT:
         raise InputError(f"{run_dir / 'plan.json'}: not an opcollect plan file")
+    plan_cases = _plan_tables(run_dir / "plan.json", plan)
+    del plan  # its Python lists are several times the size of the Arrow columns
     parts = [_parse_shard(p) for p in shard_paths(run_dir)]
     lines = pa.concat_tables(parts) if parts else RECORD.empty_table()
+    del parts
     # stats.latency, stats.samples, ...: flat columns, which joins can carry
     records = lines.filter(pc.is_valid(lines["case_id"])).select([c for c in CASE_FIELDS if c != "kind"]).flatten()
     announced = lines.filter(pc.equal(lines["kind"], "runtime")).select(list(RUNTIME_FIELDS)).to_pylist()
     runtimes = {line["runtime_id"]: line for line in announced}
     events = [json.loads(p.read_text()) for p in sorted((run_dir / "events").glob("*.json"))]
     return RunData(run_dir, identity["backend"], identity["sm"], identity["plan_hash"], identity["collector_hash"],
-                   _plan_tables(run_dir / "plan.json", plan), records, runtimes, events)
+                   plan_cases, records, runtimes, events)

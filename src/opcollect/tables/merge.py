@@ -64,8 +64,13 @@ def _target(run: RunData, systems: dict[str, SystemSpec]) -> Target:
 
 
 def _new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
-    records = run.records.filter(pc.equal(run.records["op"], op))
-    joined = records.join(run.plan_cases[op], "case_id", join_type="inner")
+    records = run.records
+    if pc.count_distinct(records["op"]).as_py() > 1:
+        records = records.filter(pc.equal(records["op"], op))
+    needed = ["case_id", "status", "recorded_at", "kernel_source", "dispatch", "error_class", "message", "attempt",
+              "run_id", *(f"stats.{n}" for n in ("latency", "latency_p25", "latency_p75", "samples", "noise",
+                                                   "timing", "sm_clock_mhz"))]
+    joined = records.select(needed).join(run.plan_cases[op], "case_id", join_type="inner")
     columns = {"case_id": joined["case_id"], **{f: joined[f] for f in schema.key_fields},
                "ok": pc.equal(joined["status"], "ok"), "recorded_at": joined["recorded_at"],
                "kernel_source": pc.coalesce(joined["kernel_source"], joined["dispatch"])}
@@ -112,6 +117,8 @@ def _old_candidates(directory: Path, schema: TableSchema) -> pa.Table | None:
 
 def latest_per_case(candidates: pa.Table) -> pa.Table:
     """One candidate per case: measured beats failed, then the most recent wins."""
+    if pc.count_distinct(candidates["case_id"]).as_py() == candidates.num_rows:
+        return candidates  # every case once: nothing to choose
     ranked = candidates.append_column("rank", pc.cast(candidates["ok"], pa.int8()))
     ordered = ranked.sort_by([("case_id", "ascending"), ("rank", "ascending"), ("recorded_at", "ascending")])
     ids = ordered["case_id"].combine_chunks()
@@ -246,9 +253,12 @@ def _merge_target(target: Target, runs: list[RunData], digest: str, tables: Path
                 raise InputError(f"{old_dir / sc.SIDECAR}: {schema.name} holds collector_hash {previous.collector_hash}, "
                                  f"the runs have {digest}; merge into another TABLES or re-collect")
             new = pa.concat_tables([_new_candidates(r, op, schema) for r in runs if op in r.plan_cases])
+            new_events = _events(runs, op, new)
             old = _old_candidates(old_dir, schema)
             chosen = latest_per_case(pa.concat_tables([old, new]) if old is not None else new)
+            del new, old
             perf, failures = build_outputs(target, schema, chosen)
+            del chosen
             perf_name, failures_name, plan_name = table_files(schema.name)
             planned = pa.concat_tables(
                 ([pq.read_table(old_dir / plan_name)] if (old_dir / plan_name).is_file() else [])
@@ -265,7 +275,7 @@ def _merge_target(target: Target, runs: list[RunData], digest: str, tables: Path
                 [perf["case_id"].combine_chunks(), failures["case_id"].combine_chunks()]))
             status = "complete" if pc.all(covered).as_py() in (True, None) else "partial"
             events = {e.run_id: e for e in (previous.events if previous else [])}
-            events.update({e.run_id: e for e in _events(runs, op, new)})
+            events.update({e.run_id: e for e in new_events})
             table_meta[schema.name] = sc.TableMeta(
                 file_sha256=hashlib.sha256(perf_bytes).hexdigest(), rows=perf.num_rows, failures=failures.num_rows,
                 status=status, collector_ref=_collector_ref(tree, digest), collector_hash=digest,
