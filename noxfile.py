@@ -83,6 +83,6 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=False, default=False)
 def bench(session: nox.Session) -> None:
     """Run the benchmarks under bench/ and print their figures: `nox -s bench -- plan`."""
-    names = session.posargs or ["plan", "harness"]
+    names = session.posargs or ["plan", "harness", "merge"]
     for name in names:
         session.run(sys.executable, f"bench/bench_{name}.py", external=True)
