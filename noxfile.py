@@ -37,17 +37,28 @@ def _backends() -> list[str]:
     return list(pins["backends"])
 
 
-def _collect_session(backend: str) -> None:
+def _backend_sessions(backend: str) -> None:
+    def build(session: nox.Session) -> None:
+        session.run(sys.executable, "-m", "opcollect", "build", backend, *session.posargs, external=True)
+
     def collect(session: nox.Session) -> None:
         session.run(sys.executable, "-m", "opcollect", "collect", backend, *session.posargs, external=True)
 
-    collect.__doc__ = (f"Collect {backend} tables: plan, run, and report (`nox -s collect-{backend} -- --sm 90`; "
-                       "`--local` runs without a container).")
+    build.__doc__ = f"Build (or reuse) the {backend} collector image from pins.yaml: `nox -s build-{backend}`."
+    collect.__doc__ = (f"Collect {backend} tables in its image: plan, build, run, merge, check "
+                       f"(`nox -s collect-{backend} -- --sm 100`; `--local` runs without a container).")
+    nox.session(name=f"build-{backend}", python=False, default=False)(build)
     nox.session(name=f"collect-{backend}", python=False, default=False)(collect)
 
 
 for _backend in _backends():
-    _collect_session(_backend)
+    _backend_sessions(_backend)
+
+
+@nox.session(name="base-image", python=False, default=False)
+def base_image(session: nox.Session) -> None:
+    """Build opcollect-local/torch-cpu:latest without a registry (debootstrap + docker import + torch CPU wheel)."""
+    _opcollect(session, "base-image")
 
 
 @nox.session(python=False, default=False)

@@ -15,6 +15,27 @@ from opcollect.project import ProjectTree, find_project
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--require-docker", action="store_true",
+                     help="fail, instead of skipping, the tests that need a Docker engine when none answers")
+
+
+@pytest.fixture(scope="session")
+def docker_client(request):
+    """A real Docker engine with the local base image; CI passes --require-docker so these never skip there."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+        client.images.get("opcollect-local/torch-cpu:latest")
+        return client
+    except Exception as exc:  # no engine, or no local base image
+        if request.config.getoption("--require-docker"):
+            pytest.fail(f"a Docker engine with opcollect-local/torch-cpu:latest is required: {exc}")
+        pytest.skip(f"no Docker engine with the local base image: {exc}")
+
+
 @pytest.fixture(scope="session")
 def project() -> ProjectTree:
     return find_project()
@@ -34,7 +55,8 @@ def tree_copy(tmp_path) -> Path:
         shutil.copytree(ROOT / name, root / name)
     shutil.copytree(ROOT / "src" / "opcollect", root / "src" / "opcollect",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pins.yaml", root / "pins.yaml")
+    for name in ("pins.yaml", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, root / name)
     return root
 
 

@@ -152,3 +152,18 @@ def test_run_refuses_a_plan_of_other_collector_source(tmp_path):
     assert done.returncode == 2
     assert "planned by collector_hash " + "f" * 64 in done.stderr and "re-plan" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_ends_the_run_promptly_and_resume_completes(tmp_path):
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES)
+    run_dir = tmp_path / "run"
+    proc = _start_run(plan, run_dir)
+    _wait_for_records(run_dir, 2, proc)
+    workers = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    assert not any(_alive(w) for w in workers)
+    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST)
+    assert done.returncode == 0
+    counts = Counter(r["case_id"] for r in read_records(run_dir))
+    assert len(counts) == len(SHAPES) and set(counts.values()) == {1}

@@ -107,16 +107,28 @@ def _add_run(sub) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--resume", action="store_true", help="finish a run directory of the same plan")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed cases again")
-    p.add_argument("--image-digest", help="the image this run executes in, for the provenance events")
+    p.add_argument("--image", help="the image this run executes in, for the provenance events")
+    p.add_argument("--image-digest", help="that image's pinned digest (or a local base's image ID)")
+    p.add_argument("--expect-version", help="refuse to run unless the backend's framework has this version")
     _add_timing(p)
     p.set_defaults(func=cmd_run)
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def cmd_run(args) -> int:
+    import signal
+
     from opcollect.runtime.run import describe, run_plan
 
+    # `docker stop` sends SIGTERM, which PID 1 of a container ignores unless handled: end the run now;
+    # the workers are killed on the way out and the shards keep every finished case
+    signal.signal(signal.SIGTERM, _terminate)
+
     options = _run_options(args, device=args.device, resume=args.resume, retry_failed=args.retry_failed,
-                           image_digest=args.image_digest)
+                           image=args.image, image_digest=args.image_digest, expect_version=args.expect_version)
     print(describe(run_plan(args.plan, args.out, options)))
     return 0
 
@@ -127,6 +139,9 @@ def _add_collect(sub) -> None:
     p.add_argument("--sm", help="default: the SM of the device found (cpu with --device cpu)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--local", action="store_true", help="run here, without a container")
+    p.add_argument("--gpus", default="all", help="all, or device indices such as 0,1 (containers only)")
+    p.add_argument("--pins", type=Path, help="pins file (default: pins.yaml of the checkout)")
+    p.add_argument("--base-image", help="build on this image instead of the pin (a local image needs no digest)")
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op")
     p.add_argument("--ops", help="comma-separated ops (default: every op)")
     p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON")
@@ -138,14 +153,13 @@ def _add_collect(sub) -> None:
 
 
 def cmd_collect(args) -> int:
-    from opcollect.collect import CollectRequest, collect_local, finish
+    from opcollect.collect import CollectRequest, collect_in_container, collect_local, finish
+    from opcollect.images.container import Interrupted
     from opcollect.plans.ops import OPS
     from opcollect.plans.planner import PlanOptions
     from opcollect.project import find_project
-    from opcollect.runtime.run import describe
+    from opcollect.runtime.run import describe, describe_run_dir
 
-    if not args.local:
-        raise InputError("containerized collection is not available yet; pass --local to run here")
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else tuple(OPS)
     request = CollectRequest(
         backend=args.backend, sm=args.sm, device=args.device,
@@ -153,9 +167,56 @@ def cmd_collect(args) -> int:
         out=args.out, model_configs=tuple(args.model_config),
     )
     tree = find_project(args.root)
-    summary = collect_local(tree, request)
-    print(describe(summary))
-    return finish(tree, summary.run_dir, args.tables or tree.root / "tables")
+    if args.local:
+        summary = collect_local(tree, request)
+        print(describe(summary))
+        run_dir = summary.run_dir
+    else:
+        try:
+            prepared = collect_in_container(tree, request, args.pins, args.base_image, args.gpus)
+        except Interrupted:
+            print(f"interrupted: the container was stopped and removed; the shards in {args.out or 'the run directory'} "
+                  "are kept; run the same command again to resume", file=sys.stderr)
+            return 130
+        print(describe_run_dir(prepared.run_dir, prepared.planned))
+        run_dir = prepared.run_dir
+    return finish(tree, run_dir, args.tables or tree.root / "tables")
+
+
+def _add_build(sub) -> None:
+    p = sub.add_parser("build", help="build (or reuse) a backend's collector image through the Docker engine")
+    p.add_argument("backend", help="torch, vllm, sglang or trtllm")
+    p.add_argument("--pins", type=Path, help="pins file (default: pins.yaml of the checkout)")
+    p.add_argument("--base-image", help="build on this image instead of the pin (a local image needs no digest)")
+    p.add_argument("--no-cache", action="store_true", help="build every layer again, reusing nothing")
+    p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    p.set_defaults(func=cmd_build)
+
+
+def cmd_build(args) -> int:
+    from opcollect.images.build import build_image
+    from opcollect.project import find_project
+
+    built = build_image(find_project(args.root), args.backend, args.pins, args.base_image, no_cache=args.no_cache)
+    state = "cache hit" if built.cache_hit else "built"
+    print(f"{built.tag} ({state} in {built.seconds:.1f} s; input hash {built.plan.input_hash[:12]}, "
+          f"image {built.image_id[:19]})")
+    return 0
+
+
+def _add_base_image(sub) -> None:
+    p = sub.add_parser("base-image", help="build opcollect-local/torch-cpu without a registry (debootstrap)")
+    p.add_argument("--force", action="store_true", help="rebuild it even if it exists")
+    p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    p.set_defaults(func=cmd_base_image)
+
+
+def cmd_base_image(args) -> int:
+    from opcollect.images.localbase import build_local_base
+    from opcollect.project import find_project
+
+    print(build_local_base(find_project(args.root), force=args.force))
+    return 0
 
 
 def _add_merge(sub) -> None:
@@ -235,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_diff(sub)
     _add_run(sub)
     _add_collect(sub)
+    _add_build(sub)
+    _add_base_image(sub)
     _add_merge(sub)
     _add_check(sub)
     _add_verify(sub)

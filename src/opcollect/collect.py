@@ -47,7 +47,18 @@ def resolve_target(device: str, sm: str | None) -> tuple[str, str]:
     return kind, sm or (gpu_sm if kind == "cuda" else "cpu")
 
 
-def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
+@dataclass(frozen=True)
+class Prepared:
+    """A planned collection: its device kind, plan file and run directory."""
+
+    kind: str
+    plan_path: Path
+    run_dir: Path
+    resume: bool
+    planned: int
+
+
+def prepare(tree: ProjectTree, request: CollectRequest) -> Prepared:
     kind, sm = resolve_target(request.device, request.sm)
     plan = Planner(tree, request.model_configs).plan(request.backend, sm, request.plan_options)
     # the collector hash is in the name: an edited collector starts a new run instead of resuming
@@ -57,8 +68,44 @@ def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
     plan_path = run_dir / "plan.json"
     if not resume:
         write_plan(plan, plan_path)
-    options = RunOptions(**{**request.run_options.__dict__, "device": kind, "resume": resume})
-    return run_plan(plan_path, run_dir, options)
+    return Prepared(kind, plan_path, run_dir, resume, plan.total_cases)
+
+
+def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
+    prepared = prepare(tree, request)
+    options = RunOptions(**{**request.run_options.__dict__, "device": prepared.kind, "resume": prepared.resume})
+    return run_plan(prepared.plan_path, prepared.run_dir, options)
+
+
+def _run_flags(options: RunOptions) -> list[str]:
+    flags = ["--case-timeout", str(options.case_timeout)]
+    for flag, value in (("--max-noise", options.max_noise), ("--min-samples", options.min_samples),
+                        ("--max-case-seconds", options.max_case_seconds), ("--workers", options.workers)):
+        if value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def collect_in_container(tree: ProjectTree, request: CollectRequest, pins_path: Path | None, base_image: str | None,
+                         gpus: str, say=print) -> Prepared:
+    """Plan here, build or reuse the image, run the plan in it; the run directory stays on this host."""
+    from opcollect.images.build import build_image
+    from opcollect.images.container import ContainerRun, run_container
+    from opcollect.images.engine import connect
+
+    prepared = prepare(tree, request)
+    built = build_image(tree, request.backend, pins_path, base_image, say)
+    flags = _run_flags(request.run_options) + ["--image", built.plan.base_image, "--image-digest",
+                                               built.plan.base_digest]
+    if built.plan.version is not None:
+        flags += ["--expect-version", built.plan.version]
+    if prepared.resume:
+        flags.append("--resume")
+    code = run_container(connect(), ContainerRun(built.tag, prepared.plan_path, prepared.run_dir, prepared.kind, gpus,
+                                                 tuple(flags)), say)
+    if code != 0:
+        raise InputError(f"the collection container exited with code {code}; its log is above")
+    return prepared
 
 
 def finish(tree: ProjectTree, run_dir: Path, tables: Path) -> int:

@@ -32,7 +32,9 @@ class RunOptions:
     min_samples: int | None = None
     max_case_seconds: float | None = None
     workers: int | None = None
-    image_digest: str | None = None  # the container image the run executes in, when the host knows it
+    image: str | None = None  # the container image the run executes in, when the host knows it
+    image_digest: str | None = None  # its pinned base digest, or a local base's image ID
+    expect_version: str | None = None  # the pinned framework version: refuse to run another
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     run_dir = Path(run_dir)
     backend = load_backend(plan.backend)
     devices = _resolve_devices(backend, plan, options)
+    found = backend.identity(devices[0])["version"]
+    if options.expect_version is not None and found != options.expect_version:
+        raise InputError(f"{plan.backend} {found} is installed, the pin says {options.expect_version}; rebuild the "
+                         "image from pins.yaml (opcollect build) or bump the pin")
     before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
     skip = before.done(options.retry_failed)
     tasks = _tasks(plan, skip, before.attempts)
@@ -95,7 +101,8 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
     event = {"run_id": run_id, "collected_at": now_iso(), "finished_at": None, "host": socket.gethostname(),
              "shard": None if plan.shard is None else f"{plan.shard[0]}/{plan.shard[1]}",
-             "rows": 0, "failures": 0, "image_digest": options.image_digest, "devices": devices}
+             "rows": 0, "failures": 0, "image": options.image, "image_digest": options.image_digest,
+             "devices": devices}
     event_path = run_dir / "events" / f"{run_id}.json"
     write_atomic(event_path, json.dumps(event, indent=2) + "\n")
     totals = {name: len(op.ids) for name, op in plan.ops.items()}
@@ -135,13 +142,18 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
 
 
 def describe(summary: RunSummary) -> str:
-    state = recorded(summary.run_dir)
+    this_run = f"run {summary.run_id}: measured {summary.ok} this run ({summary.recorded_before} recorded before); "
+    return this_run + describe_run_dir(summary.run_dir, summary.planned)
+
+
+def describe_run_dir(run_dir: Path, planned: int) -> str:
+    """Rows, failures per class and missing cases of a run directory."""
+    state = recorded(run_dir)
     total_ok = sum(1 for r in state.latest.values() if r["status"] == "ok")
     total_failed: dict[str, int] = {}
     for r in state.latest.values():
         if r["status"] != "ok":
             total_failed[r["error_class"]] = total_failed.get(r["error_class"], 0) + 1
-    missing = summary.planned - len(state.latest)
     classes = ", ".join(f"{k} {v}" for k, v in sorted(total_failed.items())) or "none"
-    return (f"run {summary.run_id}: measured {summary.ok} this run ({summary.recorded_before} recorded before); "
-            f"{summary.run_dir}: {total_ok} rows, failures {classes}, {missing} of {summary.planned} planned cases missing")
+    return (f"{run_dir}: {total_ok} rows, failures {classes}, {planned - len(state.latest)} of {planned} planned "
+            "cases missing")

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from opcollect.cases.systems import System as SystemSpec, load_systems, system_for_device
 from opcollect.errors import InputError
-from opcollect.images.pins import FRAMEWORK_NAMES, load_pins
+from opcollect.images.pins import FRAMEWORK_NAMES
 from opcollect.plans.hashes import collector_hash
 from opcollect.project import ProjectTree
 from opcollect.tables import sidecar as sc
@@ -185,22 +185,17 @@ def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[sc.Event
         for e in run.events:
             events.append(sc.Event(run_id=e["run_id"], collected_at=e["collected_at"], finished_at=e["finished_at"],
                                    host=e["host"], shard=e["shard"], rows=counts[(e["run_id"], True)],
-                                   failures=counts[(e["run_id"], False)], image_digest=e["image_digest"],
+                                   failures=counts[(e["run_id"], False)], image=e.get("image"),
+                                   image_digest=e.get("image_digest"),
                                    plan_hash=run.plan_hash))
     return events
 
 
-def _runtime(target: Target, runs: list[RunData], tree: ProjectTree | None) -> sc.Runtime:
+def _runtime(target: Target, runs: list[RunData]) -> sc.Runtime:
     identity = next(iter(runs[-1].runtimes.values()))
-    digests = [e["image_digest"] for run in runs for e in run.events if e.get("image_digest")]
-    image = None
-    if digests and tree is not None and tree.pins.is_file():
-        pins = load_pins(tree.pins)
-        entry = pins.backends.get(target.backend)  # type: ignore[call-overload]
-        pin = entry.versions.get(target.version) if entry else None
-        image = pin.image if pin else None
-    return sc.Runtime(framework=target.backend, version=target.version, image=image,
-                      image_digest=digests[-1] if digests else None, python=identity.get("python"),
+    latest = max((e for run in runs for e in run.events), key=lambda e: e["collected_at"], default={})
+    return sc.Runtime(framework=target.backend, version=target.version, image=latest.get("image"),
+                      image_digest=latest.get("image_digest"), python=identity.get("python"),
                       torch=identity.get("torch"), cuda=identity.get("cuda"), driver=identity.get("driver"))
 
 
@@ -284,7 +279,7 @@ def _merge_target(target: Target, runs: list[RunData], digest: str, tables: Path
             written.append(TableWritten(f"{directory}/{perf_name}", perf.num_rows, failures.num_rows, status))
         clock = [c for r in runs for c in r.records["stats.sm_clock_mhz"].to_pylist() if c is not None]
         meta = sc.SidecarV2(
-            schema_version=2, provenance="collected", runtime=_runtime(target, runs, tree),
+            schema_version=2, provenance="collected", runtime=_runtime(target, runs),
             system=sc.System(name=target.system.name, device=target.device, sm=target.system.sm,
                              gpus=max(1, len({i.get("worker_device") for r in runs for i in r.runtimes.values()})),
                              sm_clock_mhz=sorted(clock)[len(clock) // 2] if clock else None, clocks_locked=None),

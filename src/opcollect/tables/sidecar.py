@@ -51,6 +51,7 @@ class Event(_Strict):
     shard: str | None
     rows: int = Field(ge=0)
     failures: int = Field(ge=0)
+    image: str | None
     image_digest: str | None
     plan_hash: Sha256
 
