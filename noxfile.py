@@ -45,8 +45,10 @@ def _backend_sessions(backend: str) -> None:
         session.run(sys.executable, "-m", "opcollect", "collect", backend, *session.posargs, external=True)
 
     build.__doc__ = f"Build (or reuse) the {backend} collector image from pins.yaml: `nox -s build-{backend}`."
-    collect.__doc__ = (f"Collect {backend} tables in its image: plan, build, run, merge, check "
-                       f"(`nox -s collect-{backend} -- --sm 100`; `--local` runs without a container).")
+    collect.__doc__ = (
+        f"Collect {backend} tables in its image: plan, build, run, merge, check "
+        f"(`nox -s collect-{backend} -- --sm 100`; `--local` runs without a container)."
+    )
     nox.session(name=f"build-{backend}", python=False, default=False)(build)
     nox.session(name=f"collect-{backend}", python=False, default=False)(collect)
 
@@ -89,6 +91,14 @@ def compare(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (pytest); posargs go to pytest."""
     session.run(sys.executable, "-m", "pytest", *(session.posargs or ["-q"]), external=True)
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting check over src, tests, bench and this file."""
+    paths = ["src", "tests", "bench", "noxfile.py"]
+    session.run(sys.executable, "-m", "ruff", "check", *paths, external=True)
+    session.run(sys.executable, "-m", "ruff", "format", "--check", *paths, external=True)
 
 
 @nox.session(python=False, default=False)

@@ -23,8 +23,8 @@ from opcollect.plans.hashes import installed_collector_hash
 from opcollect.plans.planfile import write_plan
 from opcollect.plans.planner import plan_of_cases
 from opcollect.runtime.harness import TimingConfig
-from opcollect.runtime.rundir import read_records
 from opcollect.runtime.run import RunOptions, run_plan
+from opcollect.runtime.rundir import read_records
 
 RUNS = 3
 
@@ -32,8 +32,10 @@ RUNS = 3
 def _run(cases: list[GemmCase], **timing) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = Path(tmp) / "plan.json"
-        write_plan(plan_of_cases("torch", "cpu", "gemm", cases, "torch.nn.functional.linear",
-                                 installed_collector_hash()), plan_path)
+        write_plan(
+            plan_of_cases("torch", "cpu", "gemm", cases, "torch.nn.functional.linear", installed_collector_hash()),
+            plan_path,
+        )
         run_plan(plan_path, Path(tmp) / "run", RunOptions(device="cpu", **timing))
         records = read_records(Path(tmp) / "run")
     return sorted(records, key=lambda r: r["recorded_at"])
@@ -59,8 +61,11 @@ def tiny_overhead() -> dict:
             measure("gemm", "torch.nn.functional.linear", [case], "cpu", config)
         direct = (time.perf_counter() - direct_start) / (len(cases) - 1)
         results.append((per_case, per_case - inside, direct))
-    return {"per_case": statistics.median(r[0] for r in results), "overhead": statistics.median(r[1] for r in results),
-            "direct": statistics.median(r[2] for r in results)}
+    return {
+        "per_case": statistics.median(r[0] for r in results),
+        "overhead": statistics.median(r[1] for r in results),
+        "direct": statistics.median(r[2] for r in results),
+    }
 
 
 def one_ms_share() -> dict:
@@ -88,8 +93,23 @@ def smoke_throughput() -> dict:
     for _ in range(RUNS):
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "opcollect", "collect", "torch", "--local", "--device", "cpu",
-                            "--smoke", "--out", str(Path(tmp) / "run")], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "opcollect",
+                    "collect",
+                    "torch",
+                    "--local",
+                    "--device",
+                    "cpu",
+                    "--smoke",
+                    "--out",
+                    str(Path(tmp) / "run"),
+                ],
+                check=True,
+                capture_output=True,
+            )
             walls.append(time.perf_counter() - start)
             cases = len(read_records(Path(tmp) / "run"))
     wall = statistics.median(walls)
@@ -101,14 +121,22 @@ def main() -> None:
     share = one_ms_share()
     smoke = smoke_throughput()
     print(f"opcollect harness benchmark (CPU, median of {RUNS} runs)")
-    print(f"  tiny cases (fp32 GEMM 1x32x32): {tiny['per_case'] * 1e3:.2f} ms wall per case through `run`; "
-          f"fixed overhead beyond warm-up and sampling {tiny['overhead'] * 1e3:.2f} ms   [target < 5 ms]")
-    print(f"    baseline, same cases timed in-process without worker/IPC/shards: {tiny['direct'] * 1e3:.2f} ms "
-          f"per case (ratio run/in-process {tiny['per_case'] / tiny['direct']:.2f})")
-    print(f"  ~1 ms cases (fp32 GEMM m={share['m']}, n~1024, k=1024; median latency {share['latency_ms']:.2f} ms): "
-          f"{share['share'] * 100:.1f}% of wall time inside timed samples   [target > 80%]")
-    print(f"  smoke collection `collect torch --local --device cpu --smoke`: {smoke['cases']} cases in "
-          f"{smoke['wall']:.1f} s = {smoke['rate']:.2f} cases/s (interpreter and worker start-up included)")
+    print(
+        f"  tiny cases (fp32 GEMM 1x32x32): {tiny['per_case'] * 1e3:.2f} ms wall per case through `run`; "
+        f"fixed overhead beyond warm-up and sampling {tiny['overhead'] * 1e3:.2f} ms   [target < 5 ms]"
+    )
+    print(
+        f"    baseline, same cases timed in-process without worker/IPC/shards: {tiny['direct'] * 1e3:.2f} ms "
+        f"per case (ratio run/in-process {tiny['per_case'] / tiny['direct']:.2f})"
+    )
+    print(
+        f"  ~1 ms cases (fp32 GEMM m={share['m']}, n~1024, k=1024; median latency {share['latency_ms']:.2f} ms): "
+        f"{share['share'] * 100:.1f}% of wall time inside timed samples   [target > 80%]"
+    )
+    print(
+        f"  smoke collection `collect torch --local --device cpu --smoke`: {smoke['cases']} cases in "
+        f"{smoke['wall']:.1f} s = {smoke['rate']:.2f} cases/s (interpreter and worker start-up included)"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,12 @@ def copy_tree(dest: Path) -> Path:
 
 def build(root: Path, *extra: str) -> tuple[float, str]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "opcollect", "build", "torch", "--base-image", LOCAL,
-                           "--root", str(root), *extra], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "opcollect", "build", "torch", "--base-image", LOCAL, "--root", str(root), *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return time.perf_counter() - start, done.stdout.strip().splitlines()[-1].split()[0]
 
 
@@ -65,10 +69,14 @@ def main() -> None:
     cold, hit, rebuild = statistics.median(colds), statistics.median(hits), statistics.median(rebuilds)
     print("opcollect image benchmark (torch image on opcollect-local/torch-cpu, `opcollect build` wall time)")
     print(f"  cold build (no layer cache):       {cold:6.2f} s   (median of {len(colds)})")
-    print(f"  cache hit:                         {hit:6.2f} s   (median of {len(hits)}; ratio to cold "
-          f"{hit / cold:.3f})   [target < 2 s]")
-    print(f"  rebuild after a one-line edit:     {rebuild:6.2f} s   (median of {len(rebuilds)}; ratio to cold "
-          f"{rebuild / cold:.2f})   [target < 30 s]")
+    print(
+        f"  cache hit:                         {hit:6.2f} s   (median of {len(hits)}; ratio to cold "
+        f"{hit / cold:.3f})   [target < 2 s]"
+    )
+    print(
+        f"  rebuild after a one-line edit:     {rebuild:6.2f} s   (median of {len(rebuilds)}; ratio to cold "
+        f"{rebuild / cold:.2f})   [target < 30 s]"
+    )
 
 
 if __name__ == "__main__":

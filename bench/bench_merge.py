@@ -22,7 +22,7 @@ RECORDS = 1_000_000
 SHARDS = 8
 RUNS = 3
 
-CHILD = r'''
+CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from opcollect.project import find_project
@@ -46,7 +46,7 @@ elif step == "arrow":
     load_run(run_dir)
 print(json.dumps({"seconds": time.perf_counter() - start,
                   "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-'''
+"""
 
 
 def write_run(root: Path) -> Path:
@@ -57,30 +57,68 @@ def write_run(root: Path) -> Path:
         (run / sub).mkdir(parents=True)
     collector = installed_collector_hash() or "0" * 64
     plan_hash = "a" * 64
-    side = int(RECORDS ** 0.5)
+    side = int(RECORDS**0.5)
     ms = [m for m in range(1, side + 1) for _ in range(side)]
     ns = [n for _ in range(side) for n in range(1, side + 1)]
     ids = [f"gemm:bfloat16:m={m},n={n},k=1024" for m, n in zip(ms, ns)]
-    plan = {"format": "opcollect-plan", "format_version": 1, "backend": "vllm", "sm": "90",
-            "collector_hash": collector, "plan_hash": plan_hash, "shard": None,
-            "selection": {"ops": ["gemm"], "smoke": False, "case_filter": None, "model_configs": []},
-            "ops": {"gemm": {"table": "gemm_perf", "family": "gemm", "op_name": "gemm",
-                             "fields": ["gemm_dtype", "m", "n", "k"], "case_id": ids,
-                             "dispatch": ["cutlass"] * len(ids),
-                             "columns": {"gemm_dtype": ["bfloat16"] * len(ids), "m": ms, "n": ns,
-                                         "k": [1024] * len(ids)}, "rows": None}}}
+    plan = {
+        "format": "opcollect-plan",
+        "format_version": 1,
+        "backend": "vllm",
+        "sm": "90",
+        "collector_hash": collector,
+        "plan_hash": plan_hash,
+        "shard": None,
+        "selection": {"ops": ["gemm"], "smoke": False, "case_filter": None, "model_configs": []},
+        "ops": {
+            "gemm": {
+                "table": "gemm_perf",
+                "family": "gemm",
+                "op_name": "gemm",
+                "fields": ["gemm_dtype", "m", "n", "k"],
+                "case_id": ids,
+                "dispatch": ["cutlass"] * len(ids),
+                "columns": {"gemm_dtype": ["bfloat16"] * len(ids), "m": ms, "n": ns, "k": [1024] * len(ids)},
+                "rows": None,
+            }
+        },
+    }
     (run / "plan.json").write_text(json.dumps(plan))
-    (run / "run.json").write_text(json.dumps({"plan_hash": plan_hash, "collector_hash": collector, "backend": "vllm",
-                                              "sm": "90", "shard": None}))
-    (run / "events" / "r1.json").write_text(json.dumps({
-        "run_id": "r1", "collected_at": "2026-11-30T00:00:00.000+00:00", "finished_at": "2026-11-30T01:00:00.000+00:00",
-        "host": "node1", "shard": None, "rows": RECORDS, "failures": 0, "image_digest": None}))
+    (run / "run.json").write_text(
+        json.dumps({"plan_hash": plan_hash, "collector_hash": collector, "backend": "vllm", "sm": "90", "shard": None})
+    )
+    (run / "events" / "r1.json").write_text(
+        json.dumps(
+            {
+                "run_id": "r1",
+                "collected_at": "2026-11-30T00:00:00.000+00:00",
+                "finished_at": "2026-11-30T01:00:00.000+00:00",
+                "host": "node1",
+                "shard": None,
+                "rows": RECORDS,
+                "failures": 0,
+                "image_digest": None,
+            }
+        )
+    )
     per_shard = len(ids) // SHARDS
     for shard in range(SHARDS):
-        runtime = json.dumps({"kind": "runtime", "runtime_id": f"r1.w{shard}.1", "worker": shard,
-                              "worker_device": f"cuda:{shard}", "framework": "vllm", "version": "0.24.0",
-                              "python": "3.12.3", "torch": "2.8.0", "cuda": "12.8", "driver": "570.1",
-                              "device": "NVIDIA H200", "host": "node1"})
+        runtime = json.dumps(
+            {
+                "kind": "runtime",
+                "runtime_id": f"r1.w{shard}.1",
+                "worker": shard,
+                "worker_device": f"cuda:{shard}",
+                "framework": "vllm",
+                "version": "0.24.0",
+                "python": "3.12.3",
+                "torch": "2.8.0",
+                "cuda": "12.8",
+                "driver": "570.1",
+                "device": "NVIDIA H200",
+                "host": "node1",
+            }
+        )
         lines = [runtime]
         for i in range(shard * per_shard, (shard + 1) * per_shard):
             latency = 0.001 * (1 + i % 977)
@@ -91,7 +129,8 @@ def write_run(root: Path) -> Path:
                 f'"throttled_dropped":0}},"kernel_source":"cutlass","op":"gemm","row_id":"{ids[i]}",'
                 f'"dispatch":"cutlass","attempt":1,"plan_hash":"{plan_hash}","collector_hash":"{collector}",'
                 f'"run_id":"r1","worker":{shard},"runtime_id":"r1.w{shard}.1",'
-                f'"recorded_at":"2026-11-30T00:{i // 20000:02d}:00.000+00:00"}}')
+                f'"recorded_at":"2026-11-30T00:{i // 20000:02d}:00.000+00:00"}}'
+            )
         (run / "shards" / f"r1-w{shard}.jsonl").write_text("\n".join(lines) + "\n")
     return run
 
@@ -109,7 +148,8 @@ def main() -> None:
         start = time.perf_counter()
         run = write_run(root)
         size = sum(p.stat().st_size for p in (run / "shards").iterdir())
-        print(f"wrote {RECORDS} records in {SHARDS} shards ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")
+        elapsed = time.perf_counter() - start
+        print(f"wrote {RECORDS} records in {SHARDS} shards ({size / 2**20:.0f} MiB) in {elapsed:.1f} s")
         totals, peaks, steps = [], [], {"merge": [], "check": [], "verify": []}
         for i in range(RUNS):
             tables = root / f"tables{i}"
@@ -124,11 +164,15 @@ def main() -> None:
         print(f"opcollect merge benchmark ({RECORDS} records, {SHARDS} shards, median of {RUNS} runs)")
         for step, values in steps.items():
             print(f"  {step:7s} {statistics.median(values):6.2f} s")
-        print(f"  merge + check + verify: {statistics.median(totals):.2f} s   [target < 10 s]; peak RSS "
-              f"{max(peaks) / 2**30:.2f} GiB   [target < 2 GiB]; table {table.stat().st_size / 2**20:.1f} MiB zstd")
-        print(f"  baseline, reading the shards: json.loads per line {lines_parse['seconds']:.2f} s "
-              f"({lines_parse['rss'] / 2**30:.2f} GiB) vs load_run with Arrow {arrow_parse['seconds']:.2f} s "
-              f"({arrow_parse['rss'] / 2**30:.2f} GiB): ratio {arrow_parse['seconds'] / lines_parse['seconds']:.2f}")
+        print(
+            f"  merge + check + verify: {statistics.median(totals):.2f} s   [target < 10 s]; peak RSS "
+            f"{max(peaks) / 2**30:.2f} GiB   [target < 2 GiB]; table {table.stat().st_size / 2**20:.1f} MiB zstd"
+        )
+        print(
+            f"  baseline, reading the shards: json.loads per line {lines_parse['seconds']:.2f} s "
+            f"({lines_parse['rss'] / 2**30:.2f} GiB) vs load_run with Arrow {arrow_parse['seconds']:.2f} s "
+            f"({arrow_parse['rss'] / 2**30:.2f} GiB): ratio {arrow_parse['seconds'] / lines_parse['seconds']:.2f}"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

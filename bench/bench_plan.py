@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-CHILD = r'''
+CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from opcollect.plans.planner import Planner
@@ -37,7 +37,7 @@ elif mode == "matrix-unshared":
 t2 = time.perf_counter()
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"import_s": t1 - t0, "plan_s": t2 - t1, "rss": rss, "counts": counts}))
-'''
+"""
 
 
 def measure(mode: str, runs: int) -> dict:
@@ -63,8 +63,11 @@ def cli_wall(runs: int) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "opcollect", "plan", "--backend", "vllm", "--sm", "90", "--json"],
-                       capture_output=True, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "opcollect", "plan", "--backend", "vllm", "--sm", "90", "--json"],
+            capture_output=True,
+            check=True,
+        )
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -94,16 +97,24 @@ def main() -> None:
     cli = cli_wall(5)
     c_yaml, py_yaml = yaml_parse(7)
     print("opcollect plan benchmark (median of runs; fresh process each)")
-    print(f"  one pair vllm/sm90: plan {pair['plan_s']:.3f} s (+ imports {pair['import_s']:.3f} s), "
-          f"peak RSS {pair['rss_mb']:.0f} MB, runs {pair['runs']}   [target < 0.5 s, < 1 GB]")
+    print(
+        f"  one pair vllm/sm90: plan {pair['plan_s']:.3f} s (+ imports {pair['import_s']:.3f} s), "
+        f"peak RSS {pair['rss_mb']:.0f} MB, runs {pair['runs']}   [target < 0.5 s, < 1 GB]"
+    )
     print(f"  `opcollect plan --backend vllm --sm 90 --json` wall: {cli:.3f} s (interpreter start included)")
-    print(f"  matrix 4 backends x 8 SMs: plan {matrix['plan_s']:.3f} s, peak RSS {matrix['rss_mb']:.0f} MB, "
-          f"{matrix['counts']['total']} cases, runs {matrix['runs']}   [target < 10 s, < 1 GB]")
-    print(f"  baseline, matrix without shared expansion: {unshared['plan_s']:.3f} s "
-          f"({unshared['plan_s'] / 32:.3f} s per pair), peak RSS {unshared['rss_mb']:.0f} MB")
+    print(
+        f"  matrix 4 backends x 8 SMs: plan {matrix['plan_s']:.3f} s, peak RSS {matrix['rss_mb']:.0f} MB, "
+        f"{matrix['counts']['total']} cases, runs {matrix['runs']}   [target < 10 s, < 1 GB]"
+    )
+    print(
+        f"  baseline, matrix without shared expansion: {unshared['plan_s']:.3f} s "
+        f"({unshared['plan_s'] / 32:.3f} s per pair), peak RSS {unshared['rss_mb']:.0f} MB"
+    )
     print(f"  ratio shared/unshared matrix: {matrix['plan_s'] / unshared['plan_s']:.2f}")
-    print(f"  case YAML parse: libyaml {c_yaml * 1000:.1f} ms vs pure-Python {py_yaml * 1000:.1f} ms "
-          f"(ratio {c_yaml / py_yaml:.2f})")
+    print(
+        f"  case YAML parse: libyaml {c_yaml * 1000:.1f} ms vs pure-Python {py_yaml * 1000:.1f} ms "
+        f"(ratio {c_yaml / py_yaml:.2f})"
+    )
     print("  cases per op, vllm/sm90:")
     for op, n in pair["counts"].items():
         print(f"    {op:22s} {n:8d}")

@@ -16,4 +16,5 @@ if ! docker info >/dev/null 2>&1; then
 fi
 command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 .venv/bin/nox -s base-image
+.venv/bin/nox -s lint
 .venv/bin/nox -s tests -- -q --require-docker "$@"

@@ -16,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser):
-    parser.addoption("--require-docker", action="store_true",
-                     help="fail, instead of skipping, the tests that need a Docker engine when none answers")
+    parser.addoption(
+        "--require-docker",
+        action="store_true",
+        help="fail, instead of skipping, the tests that need a Docker engine when none answers",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +56,9 @@ def tree_copy(tmp_path) -> Path:
     root = tmp_path / "tree"
     for name in ("cases", "systems", "images"):
         shutil.copytree(ROOT / name, root / name)
-    shutil.copytree(ROOT / "src" / "opcollect", root / "src" / "opcollect",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "src" / "opcollect", root / "src" / "opcollect", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for name in ("pins.yaml", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, root / name)
     return root
@@ -93,9 +97,21 @@ def faulty_env() -> dict:
     return {"PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def fake_run(run_dir: Path, cases: list, *, status: dict | None = None, latency: float = 1.0, run_id: str = "r1",
-             recorded_at: str = "2026-11-30T00:00:00.000+00:00", device: str = "NVIDIA H200", version: str = "0.24.0",
-             backend: str = "vllm", sm: str = "90", digest: str | None = None, op: str = "gemm") -> Path:
+def fake_run(
+    run_dir: Path,
+    cases: list,
+    *,
+    status: dict | None = None,
+    latency: float = 1.0,
+    run_id: str = "r1",
+    recorded_at: str = "2026-11-30T00:00:00.000+00:00",
+    device: str = "NVIDIA H200",
+    version: str = "0.24.0",
+    backend: str = "vllm",
+    sm: str = "90",
+    digest: str | None = None,
+    op: str = "gemm",
+) -> Path:
     """A run directory written the way `run` writes one, with chosen outcomes instead of measurements."""
     from opcollect.plans.hashes import collector_hash
     from opcollect.plans.planfile import read_plan, write_plan
@@ -108,25 +124,68 @@ def fake_run(run_dir: Path, cases: list, *, status: dict | None = None, latency:
     plan = read_plan(plan_path)
     prepare_run_dir(run_dir, plan_path, plan, resume=(run_dir / "run.json").exists())
     writer = ShardWriter(run_dir / "shards" / f"{run_id}-w0.jsonl")
-    writer.append_runtime({"runtime_id": f"{run_id}.w0.1", "worker": 0, "worker_device": "cuda:0",
-                           "framework": backend, "version": version, "python": "3.12.3", "torch": "2.8.0",
-                           "cuda": "12.8", "driver": "570.1", "device": device, "host": "node1"})
+    writer.append_runtime(
+        {
+            "runtime_id": f"{run_id}.w0.1",
+            "worker": 0,
+            "worker_device": "cuda:0",
+            "framework": backend,
+            "version": version,
+            "python": "3.12.3",
+            "torch": "2.8.0",
+            "cuda": "12.8",
+            "driver": "570.1",
+            "device": device,
+            "host": "node1",
+        }
+    )
     outcomes = status or {}
     for case_id in plan.ops[op].ids:
-        record = {"case_id": case_id, "op": op, "dispatch": "cutlass", "attempt": 1, "plan_hash": plan.plan_hash,
-                  "collector_hash": plan.collector_hash, "run_id": run_id, "worker": 0,
-                  "runtime_id": f"{run_id}.w0.1", "recorded_at": recorded_at}
+        record = {
+            "case_id": case_id,
+            "op": op,
+            "dispatch": "cutlass",
+            "attempt": 1,
+            "plan_hash": plan.plan_hash,
+            "collector_hash": plan.collector_hash,
+            "run_id": run_id,
+            "worker": 0,
+            "runtime_id": f"{run_id}.w0.1",
+            "recorded_at": recorded_at,
+        }
         outcome = outcomes.get(case_id, "ok")
         if outcome == "ok":
-            record.update(status="ok", kernel_source="cutlass", stats={
-                "latency": latency, "latency_p25": latency * 0.99, "latency_p75": latency * 1.01, "samples": 10,
-                "noise": 0.02, "timing": "graph", "sm_clock_mhz": 1980.0})
+            record.update(
+                status="ok",
+                kernel_source="cutlass",
+                stats={
+                    "latency": latency,
+                    "latency_p25": latency * 0.99,
+                    "latency_p75": latency * 1.01,
+                    "samples": 10,
+                    "noise": 0.02,
+                    "timing": "graph",
+                    "sm_clock_mhz": 1980.0,
+                },
+            )
         elif outcome != "missing":
             record.update(status="failed", error_class=outcome, message=f"{outcome} here")
         if outcome != "missing":
             writer.append(record)
     writer.close()
-    (run_dir / "events" / f"{run_id}.json").write_text(json.dumps({
-        "run_id": run_id, "collected_at": recorded_at, "finished_at": recorded_at, "host": "node1", "shard": None,
-        "rows": 0, "failures": 0, "image_digest": None, "devices": ["cuda:0"]}))
+    (run_dir / "events" / f"{run_id}.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "collected_at": recorded_at,
+                "finished_at": recorded_at,
+                "host": "node1",
+                "shard": None,
+                "rows": 0,
+                "failures": 0,
+                "image_digest": None,
+                "devices": ["cuda:0"],
+            }
+        )
+    )
     return run_dir

@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from conftest import ROOT, fake_run, run_cli
+
 from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
@@ -27,8 +27,7 @@ REFERENCE = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
 @pytest.fixture
 def tables(tmp_path):
     root = tmp_path / "tables"
-    merge([fake_run(tmp_path / "run", CASES, status={"gemm:bfloat16:m=64,n=2048,k=1024": "oom"})], root,
-          find_project())
+    merge([fake_run(tmp_path / "run", CASES, status={"gemm:bfloat16:m=64,n=2048,k=1024": "oom"})], root, find_project())
     assert verify_tables(root).clean
     return root
 
@@ -107,12 +106,17 @@ def test_r3_values(breakable):
     def negative(t):
         latency = pc.multiply(t["latency"], -1.0)
         return t.set_column(t.schema.get_field_index("latency"), "latency", latency)
+
     _rewrite(breakable, negative)
     findings = [f for f in check_tables(breakable) if f.rule == "R3"]
     assert any("latency not finite and positive" in f.message for f in findings)
     assert any("p25 <= latency <= p75" in f.message for f in findings)
-    _rewrite(breakable, lambda t: t.set_column(t.schema.get_field_index("timing"), "timing",
-                                               pa.array([None] * t.num_rows, pa.string())))
+    _rewrite(
+        breakable,
+        lambda t: t.set_column(
+            t.schema.get_field_index("timing"), "timing", pa.array([None] * t.num_rows, pa.string())
+        ),
+    )
     assert any(f.rule == "R3" and "nulls in timing" in f.message for f in check_tables(breakable))
 
 
@@ -135,8 +139,12 @@ def test_r5_provenance(breakable):
 
 
 def test_r6_identity(breakable):
-    _rewrite(breakable, lambda t: t.set_column(t.schema.get_field_index("device"), "device",
-                                               pa.array(["NVIDIA H100 80GB HBM3"] * t.num_rows)))
+    _rewrite(
+        breakable,
+        lambda t: t.set_column(
+            t.schema.get_field_index("device"), "device", pa.array(["NVIDIA H100 80GB HBM3"] * t.num_rows)
+        ),
+    )
     finding = next(f for f in check_tables(breakable) if f.rule == "R6")
     assert "device is not 'NVIDIA H200'" in finding.message and len(finding.keys) == 5
 
@@ -144,6 +152,7 @@ def test_r6_identity(breakable):
 def test_r7_noise_is_a_warning_unless_strict(breakable):
     def noisy(t):
         return t.set_column(t.schema.get_field_index("noise"), "noise", pa.array([0.2] * t.num_rows))
+
     _rewrite(breakable, noisy)
     assert ("R7", True) in _rules(breakable)
     assert ("R7", False) in _rules(breakable, strict=True)

@@ -9,8 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
 from conftest import ROOT, gemm_plan, run_cli
+
 from opcollect.runtime.rundir import read_records
 
 OPS = {"gemm", "attention_context", "attention_generation", "moe", "mla_context", "mla_generation", "comm"}
@@ -20,9 +20,26 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
     run_dir = tmp_path / "run"
     nox = Path(sys.executable).with_name("nox")
     tables = tmp_path / "tables"
-    done = subprocess.run([str(nox), "-s", "collect-torch", "--", "--local", "--device", "cpu", "--smoke",
-                           "--out", str(run_dir), "--tables", str(tables)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            str(nox),
+            "-s",
+            "collect-torch",
+            "--",
+            "--local",
+            "--device",
+            "cpu",
+            "--smoke",
+            "--out",
+            str(run_dir),
+            "--tables",
+            str(tables),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(run_dir)
     assert {r["op"] for r in records} == OPS
@@ -37,16 +54,19 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
     assert run_cli("check", str(tables)).returncode == 0
     assert run_cli("verify", str(tables)).returncode == 0
     reference = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
-    for ours, theirs in (("cpu/gemm/torch", "gemm/vllm/0.24.0/gemm_perf.parquet"),
-                         ("cpu/attention/torch", "attention/sglang/0.5.14/context_attention_perf.parquet"),
-                         ("cpu/attention/torch", "attention/sglang/0.5.14/generation_attention_perf.parquet")):
+    for ours, theirs in (
+        ("cpu/gemm/torch", "gemm/vllm/0.24.0/gemm_perf.parquet"),
+        ("cpu/attention/torch", "attention/sglang/0.5.14/context_attention_perf.parquet"),
+        ("cpu/attention/torch", "attention/sglang/0.5.14/generation_attention_perf.parquet"),
+    ):
         [path] = list((tables / ours).glob(f"*/{Path(theirs).name}"))
         mine, ref = pq.read_schema(path), pq.read_schema(reference / theirs)
         assert [(f.name, f.type) for f in mine][: len(ref)] == [(f.name, f.type) for f in ref]
     assert "tables in" in done.stdout and "0 violations" in done.stdout
     # a second collect of the same plan resumes: nothing left to measure
-    again = run_cli("collect", "torch", "--local", "--device", "cpu", "--smoke", "--out", str(run_dir),
-                    "--tables", str(tables))
+    again = run_cli(
+        "collect", "torch", "--local", "--device", "cpu", "--smoke", "--out", str(run_dir), "--tables", str(tables)
+    )
     assert again.returncode == 0 and f"measured 0 this run ({len(records)} recorded before)" in again.stdout
 
 
@@ -54,8 +74,21 @@ def test_two_cpu_workers_share_the_cases(tmp_path):
     shapes = [(m, 64, 64) for m in range(1, 9)]
     plan = gemm_plan(tmp_path / "plan.json", shapes)
     # each case samples to its 0.5 s cap, so the work outlasts the second worker's start-up
-    done = run_cli("run", "--plan", str(plan), "--out", str(tmp_path / "run"), "--device", "cpu", "--workers", "2",
-                   "--max-noise", "0", "--max-case-seconds", "0.5")
+    done = run_cli(
+        "run",
+        "--plan",
+        str(plan),
+        "--out",
+        str(tmp_path / "run"),
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--max-noise",
+        "0",
+        "--max-case-seconds",
+        "0.5",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     records = read_records(tmp_path / "run")
     assert len(records) == len(shapes) == len({r["case_id"] for r in records})

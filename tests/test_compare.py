@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import ROOT, fake_run, run_cli
+
 from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
@@ -42,8 +42,12 @@ def test_non_monotonic_steps_are_reported(tmp_path):
     # make m=4 faster than m=2 by rewriting the shard's latencies in place
     shard = next((run / "shards").glob("*.jsonl"))
     text = shard.read_text().splitlines()
-    text = [line.replace('"latency":1.0,', '"latency":0.5,').replace('"latency_p25":0.99', '"latency_p25":0.49')
-            if "m=4," in line else line for line in text]
+    text = [
+        line.replace('"latency":1.0,', '"latency":0.5,').replace('"latency_p25":0.99', '"latency_p25":0.49')
+        if "m=4," in line
+        else line
+        for line in text
+    ]
     shard.write_text("\n".join(text) + "\n")
     merge([run], tables, find_project())
     c = compare_tables(tables, tables, op="gemm")

@@ -7,8 +7,7 @@ import statistics
 
 import pytest
 
-from opcollect.runtime.harness import (TimingConfig, measure_cpu, quantile, relative_iqr, sample_until_stable,
-                                       summarize)
+from opcollect.runtime.harness import TimingConfig, measure_cpu, quantile, relative_iqr, sample_until_stable, summarize
 
 
 class FakeClock:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 from conftest import ROOT, run_cli
+
 from opcollect.plans.hashes import collector_files, collector_hash
 from opcollect.plans.planfile import read_plan, to_json
-from opcollect.plans.planner import PlanOptions, Planner
+from opcollect.plans.planner import Planner, PlanOptions
 from opcollect.project import find_project
 
 

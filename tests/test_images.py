@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, run_cli
+
 from opcollect.images.context import plan_build, render_context
 from opcollect.images.engine import CONTAINER_LABEL
 from opcollect.images.pins import load_pins
@@ -54,11 +51,21 @@ def test_build_cache_hit_and_rebuild_after_a_source_edit(docker_client, tree_cop
     new_tag = _tag(edited.stdout)
     assert new_tag != tag and "built in" in edited.stdout
     log = edited.stdout
-    requirements_step = log[log.index("-r /tmp/opcollect/requirements.txt"):]
+    requirements_step = log[log.index("-r /tmp/opcollect/requirements.txt") :]
     assert requirements_step.split("\n", 2)[1].strip() == "---> Using cache"  # only the layers after the wheel rebuild
-    inside = docker_client.containers.run(new_tag, entrypoint=["python3", "-c", (
-        "from opcollect.plans.hashes import installed_collector_hash; print(installed_collector_hash())")],
-        remove=True).decode().strip()
+    inside = (
+        docker_client.containers.run(
+            new_tag,
+            entrypoint=[
+                "python3",
+                "-c",
+                ("from opcollect.plans.hashes import installed_collector_hash; print(installed_collector_hash())"),
+            ],
+            remove=True,
+        )
+        .decode()
+        .strip()
+    )
     assert inside == docker_client.images.get(new_tag).labels["io.opcollect.collector-hash"]
     for t in (tag, new_tag):
         docker_client.images.remove(t, force=True)
@@ -66,8 +73,19 @@ def test_build_cache_hit_and_rebuild_after_a_source_edit(docker_client, tree_cop
 
 def test_containerized_smoke_collection_merges_checks_and_verifies(docker_client, tmp_path):
     run_dir, tables = tmp_path / "run", tmp_path / "tables"
-    done = run_cli("collect", "torch", "--base-image", LOCAL, "--device", "cpu", "--smoke", "--out", str(run_dir),
-                   "--tables", str(tables))
+    done = run_cli(
+        "collect",
+        "torch",
+        "--base-image",
+        LOCAL,
+        "--device",
+        "cpu",
+        "--smoke",
+        "--out",
+        str(run_dir),
+        "--tables",
+        str(tables),
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     records = read_records(run_dir)
     assert len(records) >= 20 and all(r["status"] == "ok" for r in records)
@@ -81,8 +99,22 @@ def test_containerized_smoke_collection_merges_checks_and_verifies(docker_client
 
 def test_failed_run_removes_its_container(docker_client, tmp_path):
     # a plan for SM 90 refused by the runtime on the CPU inside the container
-    done = run_cli("collect", "torch", "--base-image", LOCAL, "--device", "cpu", "--sm", "90", "--ops", "comm",
-                   "--out", str(tmp_path / "run"), "--tables", str(tmp_path / "tables"))
+    done = run_cli(
+        "collect",
+        "torch",
+        "--base-image",
+        LOCAL,
+        "--device",
+        "cpu",
+        "--sm",
+        "90",
+        "--ops",
+        "comm",
+        "--out",
+        str(tmp_path / "run"),
+        "--tables",
+        str(tmp_path / "tables"),
+    )
     assert done.returncode == 2 and "exited with code 2" in done.stderr
     assert "the plan is for sm 90 but cpu is sm cpu" in done.stdout
     assert _leftovers(docker_client) == []
@@ -90,9 +122,28 @@ def test_failed_run_removes_its_container(docker_client, tmp_path):
 
 def test_interrupted_container_run_resumes_to_a_complete_table(docker_client, tmp_path):
     run_dir, tables = tmp_path / "run", tmp_path / "tables"
-    args = [sys.executable, "-m", "opcollect", "collect", "torch", "--base-image", LOCAL, "--device", "cpu",
-            "--smoke", "--ops", "gemm,attention_context,moe", "--max-noise", "0", "--max-case-seconds", "0.8",
-            "--out", str(run_dir), "--tables", str(tables)]
+    args = [
+        sys.executable,
+        "-m",
+        "opcollect",
+        "collect",
+        "torch",
+        "--base-image",
+        LOCAL,
+        "--device",
+        "cpu",
+        "--smoke",
+        "--ops",
+        "gemm,attention_context,moe",
+        "--max-noise",
+        "0",
+        "--max-case-seconds",
+        "0.8",
+        "--out",
+        str(run_dir),
+        "--tables",
+        str(tables),
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -114,8 +165,22 @@ def test_interrupted_container_run_resumes_to_a_complete_table(docker_client, tm
 
 
 def test_gpu_request_without_nvidia_runtime_is_one_line(docker_client, tmp_path):
-    done = run_cli("collect", "torch", "--base-image", LOCAL, "--device", "cuda", "--sm", "90", "--ops", "comm",
-                   "--out", str(tmp_path / "run"), "--tables", str(tmp_path / "tables"))
+    done = run_cli(
+        "collect",
+        "torch",
+        "--base-image",
+        LOCAL,
+        "--device",
+        "cuda",
+        "--sm",
+        "90",
+        "--ops",
+        "comm",
+        "--out",
+        str(tmp_path / "run"),
+        "--tables",
+        str(tmp_path / "tables"),
+    )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "no NVIDIA runtime" in done.stderr
     assert _leftovers(docker_client) == []
@@ -148,10 +213,17 @@ def test_framework_build_contexts_render(backend, tmp_path):
     lines = [line.strip() for line in dockerfile.splitlines()]
     assert lines[lines.index("ARG BASE_IMAGE") + 1] == "FROM ${BASE_IMAGE}"
     assert 'ENTRYPOINT ["python3", "-m", "opcollect"]' in lines
-    for label in ("org.opencontainers.image.created", "org.opencontainers.image.source",
-                  "org.opencontainers.image.revision", "org.opencontainers.image.version",
-                  "org.opencontainers.image.base.name", "org.opencontainers.image.base.digest",
-                  "io.opcollect.collector-hash", "io.opcollect.pins-entry-hash", "io.opcollect.input-hash"):
+    for label in (
+        "org.opencontainers.image.created",
+        "org.opencontainers.image.source",
+        "org.opencontainers.image.revision",
+        "org.opencontainers.image.version",
+        "org.opencontainers.image.base.name",
+        "org.opencontainers.image.base.digest",
+        "io.opcollect.collector-hash",
+        "io.opcollect.pins-entry-hash",
+        "io.opcollect.input-hash",
+    ):
         assert f"{label}=" in dockerfile
     assert not any(line.startswith(("# syntax", "RUN --mount")) or "<<" in line for line in lines)  # classic builder
     for arg in ("BASE_DIGEST", "COLLECTOR_HASH", "PINS_ENTRY_HASH", "INPUT_HASH", "OCI_CREATED"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,8 +10,8 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, fake_run, run_cli
+
 from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
@@ -36,15 +35,30 @@ def test_layout_columns_and_sidecar(tmp_path):
     [written] = merge([run], tables, find_project())
     assert written.path == f"{DIR}/gemm_perf.parquet" and (written.rows, written.failures) == (5, 1)
     assert sorted(p.name for p in (tables / DIR).iterdir()) == [
-        "collection_meta.yaml", "gemm_failures.parquet", "gemm_perf.parquet", "gemm_plan.parquet"]
+        "collection_meta.yaml",
+        "gemm_failures.parquet",
+        "gemm_perf.parquet",
+        "gemm_plan.parquet",
+    ]
     perf = _perf(tables)
     reference = pq.read_table(REFERENCE / "gemm/vllm/0.24.0/gemm_perf.parquet").schema
     assert perf.schema.names[: len(reference.names)] == reference.names  # the reference columns lead, in order
     assert [perf.schema.field(n).type for n in reference.names] == [reference.field(n).type for n in reference.names]
-    assert perf.schema.names[len(reference.names):] == ["latency_p25", "latency_p75", "samples", "noise", "timing",
-                                                         "case_id"]
+    assert perf.schema.names[len(reference.names) :] == [
+        "latency_p25",
+        "latency_p75",
+        "samples",
+        "noise",
+        "timing",
+        "case_id",
+    ]
     row = perf.to_pylist()[0]
-    assert (row["framework"], row["version"], row["device"], row["op_name"]) == ("VLLM", "0.24.0", "NVIDIA H200", "gemm")
+    assert (row["framework"], row["version"], row["device"], row["op_name"]) == (
+        "VLLM",
+        "0.24.0",
+        "NVIDIA H200",
+        "gemm",
+    )
     assert pq.ParquetFile(tables / DIR / "gemm_perf.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
     failures = pq.read_table(tables / DIR / "gemm_failures.parquet").to_pylist()
     assert failures[0]["error_class"] == "kernel_limit" and failures[0]["attempts"] == 1
@@ -71,11 +85,19 @@ def test_row_order_is_sorted_and_merge_is_deterministic(tmp_path):
 
 def test_newer_event_replaces_rows_and_keeps_both_events(tmp_path):
     tables = tmp_path / "tables"
-    merge([fake_run(tmp_path / "old", CASES, latency=2.0, run_id="old",
-                    recorded_at="2026-11-01T00:00:00.000+00:00")], tables, find_project())
-    newer = fake_run(tmp_path / "new", CASES[:2], latency=1.0, run_id="new",
-                     recorded_at="2026-11-02T00:00:00.000+00:00",
-                     status={"gemm:bfloat16:m=1,n=7168,k=4096": "timeout"})
+    merge(
+        [fake_run(tmp_path / "old", CASES, latency=2.0, run_id="old", recorded_at="2026-11-01T00:00:00.000+00:00")],
+        tables,
+        find_project(),
+    )
+    newer = fake_run(
+        tmp_path / "new",
+        CASES[:2],
+        latency=1.0,
+        run_id="new",
+        recorded_at="2026-11-02T00:00:00.000+00:00",
+        status={"gemm:bfloat16:m=1,n=7168,k=4096": "timeout"},
+    )
     merge([newer], tables, find_project())
     rows = {r["case_id"]: r["latency"] for r in _perf(tables).to_pylist()}
     assert rows["gemm:bfloat16:m=1,n=4096,k=4096"] == 1.0  # replaced by the newer event
@@ -88,11 +110,23 @@ def test_newer_event_replaces_rows_and_keeps_both_events(tmp_path):
 
 
 def test_shards_of_one_plan_merge_into_one_complete_table(tmp_path):
-    a = fake_run(tmp_path / "a", CASES, run_id="a", status={c: "missing" for c in
-                 ["gemm:bfloat16:m=1,n=4096,k=4096", "gemm:bfloat16:m=2,n=4096,k=4096"]})
-    b = fake_run(tmp_path / "b", CASES, run_id="b", status={f"gemm:bfloat16:m={m},n={n},k=4096": "missing"
-                 for m in (1, 2, 4) for n in (4096, 7168)
-                 if (m, n) not in ((1, 4096), (2, 4096))})
+    a = fake_run(
+        tmp_path / "a",
+        CASES,
+        run_id="a",
+        status={c: "missing" for c in ["gemm:bfloat16:m=1,n=4096,k=4096", "gemm:bfloat16:m=2,n=4096,k=4096"]},
+    )
+    b = fake_run(
+        tmp_path / "b",
+        CASES,
+        run_id="b",
+        status={
+            f"gemm:bfloat16:m={m},n={n},k=4096": "missing"
+            for m in (1, 2, 4)
+            for n in (4096, 7168)
+            if (m, n) not in ((1, 4096), (2, 4096))
+        },
+    )
     tables = tmp_path / "tables"
     merge([a], tables, find_project())
     meta = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"]
@@ -117,8 +151,15 @@ def test_mixing_collector_hashes_is_refused(tmp_path):
 
 def test_other_versions_and_systems_get_their_own_tables(tmp_path):
     tables = tmp_path / "tables"
-    merge([fake_run(tmp_path / "a", CASES), fake_run(tmp_path / "b", CASES, version="0.25.0", run_id="b"),
-           fake_run(tmp_path / "c", CASES, device="NVIDIA B200", sm="100", run_id="c")], tables, find_project())
+    merge(
+        [
+            fake_run(tmp_path / "a", CASES),
+            fake_run(tmp_path / "b", CASES, version="0.25.0", run_id="b"),
+            fake_run(tmp_path / "c", CASES, device="NVIDIA B200", sm="100", run_id="c"),
+        ],
+        tables,
+        find_project(),
+    )
     assert (tables / "h200_sxm/gemm/vllm/0.25.0/gemm_perf.parquet").is_file()
     assert (tables / "b200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet").is_file()
     unknown = fake_run(tmp_path / "d", CASES, device="NVIDIA H20", run_id="d")
@@ -135,8 +176,12 @@ def test_merge_cli_and_errors(tmp_path):
 
 
 def _merge_proc(run, tables):
-    return subprocess.Popen([sys.executable, "-m", "opcollect", "merge", str(run), "--into", str(tables)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "opcollect", "merge", str(run), "--into", str(tables)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def test_merge_killed_part_way_leaves_the_earlier_tables_valid(tmp_path):

@@ -6,11 +6,11 @@ import csv
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from opcollect.cases.profiles import derive_shapes, read_hf_config
 from opcollect.errors import InputError
-from opcollect.plans.planner import PlanOptions, Planner
+from opcollect.plans.planner import Planner, PlanOptions
 from opcollect.project import find_project
 
 # Llama-3.1-70B, public config.json values
@@ -91,7 +91,9 @@ def test_every_profile_shape_is_in_the_sweeps(planner):
     """Each model's per-rank GEMM, attention, MoE and MLA shapes appear among the planned cases."""
     plan = planner.plan("trtllm", "100")
     gemm = {(v[2], v[3]) for v in plan.ops["gemm"].values}
-    heads = {(c.num_heads, c.num_key_value_heads, c.head_dim, c.window_size) for c in plan.ops["attention_context"].cases}
+    heads = {
+        (c.num_heads, c.num_key_value_heads, c.head_dim, c.window_size) for c in plan.ops["attention_context"].cases
+    }
     moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in plan.ops["moe"].cases}
     mla = {(c.num_heads, c.tp_size) for c in plan.ops["mla_generation"].cases}
     for spec in planner.sources.models:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import ROOT, run_cli
 
-BLOCKER = '''
+BLOCKER = """
 import importlib.abc, sys
 BLOCKED = {"torch", "vllm", "sglang", "tensorrt_llm", "triton"}
 class _Block(importlib.abc.MetaPathFinder):
@@ -20,7 +20,7 @@ class _Block(importlib.abc.MetaPathFinder):
             raise ImportError(f"blocked for this test: {name}")
         return None
 sys.meta_path.insert(0, _Block())
-'''
+"""
 
 
 def test_nox_plans_every_backend_and_sm_with_frameworks_unimportable(tmp_path):
@@ -31,13 +31,20 @@ def test_nox_plans_every_backend_and_sm_with_frameworks_unimportable(tmp_path):
     nox = Path(sys.executable).with_name("nox")
     done = subprocess.run(
         [str(nox), "-s", "plan", "--", "--backend", "all", "--sm", "all", "--json"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     summaries = json.loads(done.stdout)
     pairs = {(s["backend"], s["sm"]) for s in summaries}
-    assert pairs == {(b, s) for b in ("torch", "vllm", "sglang", "trtllm")
-                     for s in ("80", "86", "89", "90", "100", "103", "120", "cpu")}
+    assert pairs == {
+        (b, s)
+        for b in ("torch", "vllm", "sglang", "trtllm")
+        for s in ("80", "86", "89", "90", "100", "103", "120", "cpu")
+    }
     by_pair = {(s["backend"], s["sm"]): s for s in summaries}
     # the frameworks plan real work on GPUs and nothing on the CPU, each case left out with its reason
     assert by_pair[("vllm", "90")]["ops"]["gemm"]["cases"] > 100_000
@@ -72,11 +79,22 @@ def test_table_writes_one_csv_per_op_with_key_columns(tmp_path):
     assert first["case_id"] == f"gemm:{first['gemm_dtype']}:m={first['m']},n={first['n']},k={first['k']}"
     with open(tmp_path / "attention_context.csv") as handle:
         header = next(csv.reader(handle))
-    assert header[2:] == ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "beam_width",
-                          "attn_dtype", "kv_cache_dtype", "step", "window_size"]
+    assert header[2:] == [
+        "batch_size",
+        "isl",
+        "num_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "beam_width",
+        "attn_dtype",
+        "kv_cache_dtype",
+        "step",
+        "window_size",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{op}.csv" for op in ("gemm", "attention_context", "attention_generation", "moe", "mla_context",
-                               "mla_generation", "comm"))
+        f"{op}.csv"
+        for op in ("gemm", "attention_context", "attention_generation", "moe", "mla_context", "mla_generation", "comm")
+    )
 
 
 def test_piped_output_is_plain_text():
@@ -102,7 +120,8 @@ def test_bad_flags_exit_2_with_one_line():
 
 def test_planning_imports_no_framework():
     code = (
-        "import sys; from opcollect.cli import main; main(['plan','--backend','all','--sm','90','--json','--ops','gemm,comm']);"
+        "import sys; from opcollect.cli import main;"
+        "main(['plan','--backend','all','--sm','90','--json','--ops','gemm,comm']);"
         "bad=[m for m in ('torch','vllm','sglang','tensorrt_llm') if m in sys.modules]; sys.exit(3 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import gemm_plan, run_cli, faulty_env
+from conftest import faulty_env, gemm_plan, run_cli
+
 from opcollect.runtime.rundir import read_records
 from opcollect.runtime.shards import read_runtimes, shard_paths
 
@@ -13,12 +14,34 @@ FAULTY = [(1, 16, 11), (1, 16, 12), (1, 16, 13), (1, 16, 14), (1, 16, 15)]
 
 
 def test_each_failure_is_classified_and_healthy_cases_are_measured(tmp_path):
-    shapes = [HEALTHY[0], FAULTY[0], HEALTHY[1], FAULTY[1], HEALTHY[2], FAULTY[2], FAULTY[3], HEALTHY[3],
-              FAULTY[4], HEALTHY[4]]
+    shapes = [
+        HEALTHY[0],
+        FAULTY[0],
+        HEALTHY[1],
+        FAULTY[1],
+        HEALTHY[2],
+        FAULTY[2],
+        FAULTY[3],
+        HEALTHY[3],
+        FAULTY[4],
+        HEALTHY[4],
+    ]
     plan = gemm_plan(tmp_path / "plan.json", shapes, backend="faulty_backend")
     run_dir = tmp_path / "run"
-    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--device", "cpu", "--case-timeout", "4",
-                   "--max-case-seconds", "0.05", env=faulty_env())
+    done = run_cli(
+        "run",
+        "--plan",
+        str(plan),
+        "--out",
+        str(run_dir),
+        "--device",
+        "cpu",
+        "--case-timeout",
+        "4",
+        "--max-case-seconds",
+        "0.05",
+        env=faulty_env(),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = {r["case_id"]: r for r in read_records(run_dir)}
     runtimes = {k: v for path in shard_paths(run_dir) for k, v in read_runtimes(path).items()}

@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, gemm_plan, run_cli
+
 from opcollect.runtime.rundir import read_records
 from opcollect.runtime.shards import ShardWriter, read_shard
 
@@ -43,8 +43,12 @@ def _alive(pid: int) -> bool:
 
 
 def _start_run(plan: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "opcollect", "run", "--plan", str(plan), "--out", str(run_dir),
-                             *FAST, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "opcollect", "run", "--plan", str(plan), "--out", str(run_dir), *FAST, *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_for_records(run_dir: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
@@ -89,9 +93,24 @@ def test_repeated_kills_of_the_whole_group(tmp_path):
     plan = gemm_plan(tmp_path / "plan.json", SHAPES)
     run_dir = tmp_path / "run"
     for round_, target in enumerate((2, 9, 17)):
-        proc = subprocess.Popen([sys.executable, "-m", "opcollect", "run", "--plan", str(plan), "--out", str(run_dir),
-                                 *FAST, *(["--resume"] if round_ else [])], cwd=ROOT, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "opcollect",
+                "run",
+                "--plan",
+                str(plan),
+                "--out",
+                str(run_dir),
+                *FAST,
+                *(["--resume"] if round_ else []),
+            ],
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _wait_for_records(run_dir, target, proc)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -122,12 +141,16 @@ def test_retry_failed_runs_failed_cases_again(tmp_path):
     assert run_cli("run", "--plan", str(plan), "--out", str(run_dir), *FAST, env=faulty_env()).returncode == 0
     plain = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST, env=faulty_env())
     assert plain.returncode == 0 and "measured 0 this run (2 recorded before)" in plain.stdout
-    retried = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", "--retry-failed", *FAST,
-                      env=faulty_env())
+    retried = run_cli(
+        "run", "--plan", str(plan), "--out", str(run_dir), "--resume", "--retry-failed", *FAST, env=faulty_env()
+    )
     assert retried.returncode == 0
     attempts = sorted((r["case_id"], r["attempt"]) for r in read_records(run_dir))
-    assert attempts == [("gemm:float32:m=1,n=16,k=13", 1), ("gemm:float32:m=1,n=16,k=13", 2),
-                        ("gemm:float32:m=1,n=32,k=32", 1)]
+    assert attempts == [
+        ("gemm:float32:m=1,n=16,k=13", 1),
+        ("gemm:float32:m=1,n=16,k=13", 2),
+        ("gemm:float32:m=1,n=32,k=32", 1),
+    ]
 
 
 def test_torn_last_line_is_skipped(tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import yaml
-
 from conftest import run_cli
+
 from opcollect.plans.planner import PlanOptions, Row, check_exactly_once
 
 

@@ -6,8 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from opcollect.backends.torch import attention, mla, moe  # noqa: E402
-from opcollect.backends.torch import measure, footprint, free_memory  # noqa: E402
+from opcollect.backends.torch import attention, footprint, free_memory, measure, mla, moe  # noqa: E402  # noqa: E402
 from opcollect.backends.torch.timing import rotation_copies  # noqa: E402
 from opcollect.plans.attention import AttentionCase  # noqa: E402
 from opcollect.plans.gemm import GemmCase  # noqa: E402
@@ -78,8 +77,12 @@ def test_absorbed_mla_attention_equals_per_head_attention(queries, causal):
     hidden = torch.triu(torch.ones(queries, keys, dtype=torch.bool), diagonal=1) if causal else None
     folded = mla.attend(q.reshape(b, h * queries, d), cache, h, queries, hidden, 0.1).view(b, h, queries, -1)
     reference = torch.nn.functional.scaled_dot_product_attention(
-        q, cache[:, None].expand(b, h, keys, d), cache[:, None, :, : mla.KV_LORA].expand(b, h, keys, mla.KV_LORA),
-        is_causal=causal, scale=0.1)
+        q,
+        cache[:, None].expand(b, h, keys, d),
+        cache[:, None, :, : mla.KV_LORA].expand(b, h, keys, mla.KV_LORA),
+        is_causal=causal,
+        scale=0.1,
+    )
     assert torch.allclose(folded, reference, atol=1e-4)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from conftest import run_cli
+
 from opcollect.cases.sources import load_grids, load_profiles
 from opcollect.cases.systems import load_systems
 from opcollect.errors import InputError
@@ -21,7 +21,10 @@ def edit_yaml(path, change):
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d["grid"].update(mm=d["grid"].pop("m")), "field 'grid.mm': unknown field; remove it or fix its spelling (did you mean 'm'?)"),
+        (
+            lambda d: d["grid"].update(mm=d["grid"].pop("m")),
+            "field 'grid.mm': unknown field; remove it or fix its spelling (did you mean 'm'?)",
+        ),
         (lambda d: d["grid"].pop("k"), "field 'grid.k': missing required field"),
         (lambda d: d["grid"]["m"].__setitem__(3, "four"), "field 'grid.m.3': Input should be a valid integer"),
         (lambda d: d["grid"]["dtypes"].append("fp6"), "field 'grid.dtypes.6': Input should be 'float32'"),
@@ -71,8 +74,17 @@ def test_profile_config_typo_is_reported_with_its_model(tree_copy):
 
 def test_systems_load_and_validate(project, tree_copy):
     systems = load_systems(project.systems)
-    assert set(systems) == {"a100_sxm", "l40s", "h100_sxm", "h200_sxm", "b200_sxm", "gb200", "b300_sxm",
-                            "rtx_pro_6000", "cpu"}
+    assert set(systems) == {
+        "a100_sxm",
+        "l40s",
+        "h100_sxm",
+        "h200_sxm",
+        "b200_sxm",
+        "gb200",
+        "b300_sxm",
+        "rtx_pro_6000",
+        "cpu",
+    }
     assert systems["h200_sxm"].devices == ["NVIDIA H200"] and systems["h200_sxm"].sm == "90"
     assert systems["b300_sxm"].sm == "103" and systems["rtx_pro_6000"].sm == "120"
     edit_yaml(tree_copy / "systems" / "l40s.yaml", lambda d: d.update(l2_bytes="96MB"))
@@ -86,12 +98,18 @@ DIGEST = "sha256:" + "a" * 64
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d["backends"]["vllm"]["versions"]["0.24.0"].update(image="vllm/vllm-openai:v0.24.0"),
-         "field 'backends.vllm.versions.0.24.0.image': Value error, must be repo:tag@sha256:<64 hex digits>"),
-        (lambda d: d["backends"]["sglang"]["versions"]["0.5.14"].update(image="lmsysorg/sglang@sha256:abc"),
-         "must be repo:tag@sha256:<64 hex digits>"),
-        (lambda d: d["backends"].update(onnx={"current": "1", "versions": {"1": {"image": f"x/y:1@{DIGEST}"}}}),
-         "field 'backends.onnx': Input should be 'torch', 'vllm', 'sglang' or 'trtllm'"),
+        (
+            lambda d: d["backends"]["vllm"]["versions"]["0.24.0"].update(image="vllm/vllm-openai:v0.24.0"),
+            "field 'backends.vllm.versions.0.24.0.image': Value error, must be repo:tag@sha256:<64 hex digits>",
+        ),
+        (
+            lambda d: d["backends"]["sglang"]["versions"]["0.5.14"].update(image="lmsysorg/sglang@sha256:abc"),
+            "must be repo:tag@sha256:<64 hex digits>",
+        ),
+        (
+            lambda d: d["backends"].update(onnx={"current": "1", "versions": {"1": {"image": f"x/y:1@{DIGEST}"}}}),
+            "field 'backends.onnx': Input should be 'torch', 'vllm', 'sglang' or 'trtllm'",
+        ),
         (lambda d: d["backends"]["torch"].pop("current"), "field 'backends.torch.current': missing required field"),
         (lambda d: d["backends"]["torch"].update(current="9.9"), "current version '9.9' has no entry"),
     ],
@@ -106,8 +124,11 @@ def test_pins_are_refused_with_a_clear_message(tree_copy, change, needle):
 
 def test_checked_in_pins_hold_the_five_images(project):
     pins = load_pins(project.pins)
-    images = {(backend, version): pin.image for backend, entry in pins.backends.items()
-              for version, pin in entry.versions.items()}
+    images = {
+        (backend, version): pin.image
+        for backend, entry in pins.backends.items()
+        for version, pin in entry.versions.items()
+    }
     assert len(images) == 5
     assert images[("trtllm", "1.3.0rc20")].endswith("1532b38814b3faf2affdb5ef01ca91468685d314ffb7e8926a0567595355ed88")
     assert pins.pin("vllm") == ("0.24.0", pins.backends["vllm"].versions["0.24.0"])

@@ -23,8 +23,14 @@ def _add_plan(sub) -> None:
     p.add_argument("--backend", default="torch", help="torch, vllm, sglang, trtllm or all (default torch)")
     p.add_argument("--sm", default="cpu", help="80, 86, 89, 90, 100, 103, 120, cpu or all (default cpu)")
     p.add_argument("--ops", help="comma-separated ops (default: every op)")
-    p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON",
-                   help="a Hugging Face config.json whose shapes the sweeps must include (repeatable)")
+    p.add_argument(
+        "--model-config",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="CONFIG_JSON",
+        help="a Hugging Face config.json whose shapes the sweeps must include (repeatable)",
+    )
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op, chosen deterministically")
     p.add_argument("--case-filter", metavar="PREFIX", help="keep cases whose ID starts with PREFIX")
     p.add_argument("--shard", type=_shard, metavar="i/N", help="the i-th of N disjoint shards (0 <= i < N)")
@@ -37,10 +43,10 @@ def _add_plan(sub) -> None:
 
 def cmd_plan(args) -> int:
     from opcollect.plans.base import BACKENDS, SMS
+    from opcollect.plans.ops import OPS
     from opcollect.plans.planfile import write_plan
     from opcollect.plans.planner import Planner, PlanOptions
     from opcollect.plans.report import render, summary, write_tables
-    from opcollect.plans.ops import OPS
     from opcollect.project import find_project
 
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
@@ -83,8 +89,13 @@ def cmd_plan_diff(args) -> int:
 
 
 def _add_timing(p) -> None:
-    p.add_argument("--case-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds a case may take before its worker is killed (default 120)")
+    p.add_argument(
+        "--case-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds a case may take before its worker is killed (default 120)",
+    )
     p.add_argument("--max-noise", type=float, help="stop sampling at this relative IQR (default 0.01)")
     p.add_argument("--min-samples", type=int, help="samples before the noise check (GPU 10, CPU 5)")
     p.add_argument("--max-case-seconds", type=float, help="sampling cap per case (GPU 1.0, CPU 0.25)")
@@ -94,8 +105,13 @@ def _add_timing(p) -> None:
 def _run_options(args, **overrides):
     from opcollect.runtime.run import RunOptions
 
-    values = dict(case_timeout=args.case_timeout, max_noise=args.max_noise, min_samples=args.min_samples,
-                  max_case_seconds=args.max_case_seconds, workers=args.workers)
+    values = dict(
+        case_timeout=args.case_timeout,
+        max_noise=args.max_noise,
+        min_samples=args.min_samples,
+        max_case_seconds=args.max_case_seconds,
+        workers=args.workers,
+    )
     values.update(overrides)
     return RunOptions(**values)
 
@@ -127,8 +143,15 @@ def cmd_run(args) -> int:
     # the workers are killed on the way out and the shards keep every finished case
     signal.signal(signal.SIGTERM, _terminate)
 
-    options = _run_options(args, device=args.device, resume=args.resume, retry_failed=args.retry_failed,
-                           image=args.image, image_digest=args.image_digest, expect_version=args.expect_version)
+    options = _run_options(
+        args,
+        device=args.device,
+        resume=args.resume,
+        retry_failed=args.retry_failed,
+        image=args.image,
+        image_digest=args.image_digest,
+        expect_version=args.expect_version,
+    )
     print(describe(run_plan(args.plan, args.out, options)))
     return 0
 
@@ -145,7 +168,9 @@ def _add_collect(sub) -> None:
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op")
     p.add_argument("--ops", help="comma-separated ops (default: every op)")
     p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON")
-    p.add_argument("--out", type=Path, metavar="RUN_DIR", help="default: runs/<backend>-sm<sm>-<plan hash>-<collector hash>")
+    p.add_argument(
+        "--out", type=Path, metavar="RUN_DIR", help="default: runs/<backend>-sm<sm>-<plan hash>-<collector hash>"
+    )
     p.add_argument("--tables", type=Path, metavar="DIR", help="merge into this TABLES directory (default: tables/)")
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
     _add_timing(p)
@@ -162,9 +187,13 @@ def cmd_collect(args) -> int:
 
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else tuple(OPS)
     request = CollectRequest(
-        backend=args.backend, sm=args.sm, device=args.device,
-        plan_options=PlanOptions(ops=ops, smoke=args.smoke), run_options=_run_options(args),
-        out=args.out, model_configs=tuple(args.model_config),
+        backend=args.backend,
+        sm=args.sm,
+        device=args.device,
+        plan_options=PlanOptions(ops=ops, smoke=args.smoke),
+        run_options=_run_options(args),
+        out=args.out,
+        model_configs=tuple(args.model_config),
     )
     tree = find_project(args.root)
     if args.local:
@@ -175,8 +204,11 @@ def cmd_collect(args) -> int:
         try:
             prepared = collect_in_container(tree, request, args.pins, args.base_image, args.gpus)
         except Interrupted:
-            print(f"interrupted: the container was stopped and removed; the shards in {args.out or 'the run directory'} "
-                  "are kept; run the same command again to resume", file=sys.stderr)
+            print(
+                f"interrupted: the container was stopped and removed; the shards in {args.out or 'the run directory'} "
+                "are kept; run the same command again to resume",
+                file=sys.stderr,
+            )
             return 130
         print(describe_run_dir(prepared.run_dir, prepared.planned))
         run_dir = prepared.run_dir
@@ -199,8 +231,10 @@ def cmd_build(args) -> int:
 
     built = build_image(find_project(args.root), args.backend, args.pins, args.base_image, no_cache=args.no_cache)
     state = "cache hit" if built.cache_hit else "built"
-    print(f"{built.tag} ({state} in {built.seconds:.1f} s; input hash {built.plan.input_hash[:12]}, "
-          f"image {built.image_id[:19]})")
+    print(
+        f"{built.tag} ({state} in {built.seconds:.1f} s; input hash {built.plan.input_hash[:12]}, "
+        f"image {built.image_id[:19]})"
+    )
     return 0
 
 

@@ -30,8 +30,12 @@ def host_gpu_sm() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     first = done.stdout.strip().splitlines()[:1]
@@ -79,15 +83,20 @@ def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
 
 def _run_flags(options: RunOptions) -> list[str]:
     flags = ["--case-timeout", str(options.case_timeout)]
-    for flag, value in (("--max-noise", options.max_noise), ("--min-samples", options.min_samples),
-                        ("--max-case-seconds", options.max_case_seconds), ("--workers", options.workers)):
+    for flag, value in (
+        ("--max-noise", options.max_noise),
+        ("--min-samples", options.min_samples),
+        ("--max-case-seconds", options.max_case_seconds),
+        ("--workers", options.workers),
+    ):
         if value is not None:
             flags += [flag, str(value)]
     return flags
 
 
-def collect_in_container(tree: ProjectTree, request: CollectRequest, pins_path: Path | None, base_image: str | None,
-                         gpus: str, say=print) -> Prepared:
+def collect_in_container(
+    tree: ProjectTree, request: CollectRequest, pins_path: Path | None, base_image: str | None, gpus: str, say=print
+) -> Prepared:
     """Plan here, build or reuse the image, run the plan in it; the run directory stays on this host."""
     from opcollect.images.build import build_image
     from opcollect.images.container import ContainerRun, run_container
@@ -95,14 +104,19 @@ def collect_in_container(tree: ProjectTree, request: CollectRequest, pins_path: 
 
     prepared = prepare(tree, request)
     built = build_image(tree, request.backend, pins_path, base_image, say)
-    flags = _run_flags(request.run_options) + ["--image", built.plan.base_image, "--image-digest",
-                                               built.plan.base_digest]
+    flags = _run_flags(request.run_options) + [
+        "--image",
+        built.plan.base_image,
+        "--image-digest",
+        built.plan.base_digest,
+    ]
     if built.plan.version is not None:
         flags += ["--expect-version", built.plan.version]
     if prepared.resume:
         flags.append("--resume")
-    code = run_container(connect(), ContainerRun(built.tag, prepared.plan_path, prepared.run_dir, prepared.kind, gpus,
-                                                 tuple(flags)), say)
+    code = run_container(
+        connect(), ContainerRun(built.tag, prepared.plan_path, prepared.run_dir, prepared.kind, gpus, tuple(flags)), say
+    )
     if code != 0:
         raise InputError(f"the collection container exited with code {code}; its log is above")
     return prepared
@@ -120,6 +134,8 @@ def finish(tree: ProjectTree, run_dir: Path, tables: Path) -> int:
     violations = [f for f in findings if not f.warning]
     for finding in violations:
         print(finding.render())
-    print(f"tables in {tables}: {len(written)} written; check: {len(violations)} violations, "
-          f"{len(findings) - len(violations)} warnings")
+    print(
+        f"tables in {tables}: {len(written)} written; check: {len(violations)} violations, "
+        f"{len(findings) - len(violations)} warnings"
+    )
     return 1 if violations else 0

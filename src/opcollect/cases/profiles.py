@@ -171,9 +171,7 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
             _dense_attention(cfg, tp, gemm, heads, windows=(0, cfg.sliding_window))
             gemm.add(GemmShape(cfg.num_local_experts, cfg.hidden_size))
             _mlp(cfg.hidden_size, cfg.intermediate_size, tp, gemm)
-            moe.add(
-                MoeShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts_per_tok, cfg.num_local_experts)
-            )
+            moe.add(MoeShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts_per_tok, cfg.num_local_experts))
         elif isinstance(cfg, DeepseekV3Config):
             q = _split(cfg.num_attention_heads, tp)
             if q is None:
@@ -188,9 +186,7 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
             if cfg.n_shared_experts:
                 _mlp(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, tp, gemm)
             _mlp(cfg.hidden_size, cfg.moe_intermediate_size, tp, gemm)  # routed experts under TP
-            moe.add(
-                MoeShape(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.n_routed_experts)
-            )
+            moe.add(MoeShape(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.n_routed_experts))
             mla.add(MlaShape(cfg.num_attention_heads))
     return ModelShapes(frozenset(gemm), frozenset(heads), frozenset(moe), frozenset(mla))
 

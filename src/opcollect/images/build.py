@@ -37,15 +37,24 @@ class BuildFailed(InputError):
 
 def _python_tag(client, image: str) -> str:
     """CPython of a local base image, e.g. '311', for the runtime wheels an offline build needs."""
-    output = client.containers.run(image, entrypoint=["python3", "-c",
-                                   "import sys; print(f'{sys.version_info[0]}{sys.version_info[1]}')"],
-                                   remove=True, network_disabled=True)
+    output = client.containers.run(
+        image,
+        entrypoint=["python3", "-c", "import sys; print(f'{sys.version_info[0]}{sys.version_info[1]}')"],
+        remove=True,
+        network_disabled=True,
+    )
     return output.decode().strip()
 
 
-def build_image(tree: ProjectTree, backend: str, pins_path: Path | None = None, base_image: str | None = None,
-                say: Callable[[str], None] = print, no_cache: bool = False) -> BuiltImage:
-    from docker.errors import APIError, ImageNotFound
+def build_image(
+    tree: ProjectTree,
+    backend: str,
+    pins_path: Path | None = None,
+    base_image: str | None = None,
+    say: Callable[[str], None] = print,
+    no_cache: bool = False,
+) -> BuiltImage:
+    from docker.errors import ImageNotFound
 
     start = time.perf_counter()
     client = connect()
@@ -78,8 +87,16 @@ def _stream_build(client, context: Path, plan: BuildPlan, say: Callable[[str], N
     step_log: list[str] = []
     image_id = None
     try:
-        stream = client.api.build(path=str(context), tag=plan.tag, buildargs=plan.buildargs(), decode=True, rm=True,
-                                  forcerm=True, pull=False, nocache=no_cache)
+        stream = client.api.build(
+            path=str(context),
+            tag=plan.tag,
+            buildargs=plan.buildargs(),
+            decode=True,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            nocache=no_cache,
+        )
         for chunk in stream:
             if "error" in chunk:
                 detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]

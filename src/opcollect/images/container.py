@@ -45,8 +45,10 @@ def _device_requests(run: ContainerRun):
 def _ulimits(memlock: int):
     import docker
 
-    return [docker.types.Ulimit(name="memlock", soft=memlock, hard=memlock),
-            docker.types.Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES)]
+    return [
+        docker.types.Ulimit(name="memlock", soft=memlock, hard=memlock),
+        docker.types.Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES),
+    ]
 
 
 def _start(client, run: ContainerRun, command: list[str], say: Callable[[str], None]):
@@ -56,12 +58,21 @@ def _start(client, run: ContainerRun, command: list[str], say: Callable[[str], N
     limits = [-1, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]]  # unlimited, else the host's hard limit
     for attempt, memlock in enumerate(limits):
         container = client.containers.create(
-            run.image, command=command, entrypoint=["python3", "-m", "opcollect"],
-            volumes={str(run.plan_path.resolve()): {"bind": PLAN_IN, "mode": "ro"},
-                     str(run.run_dir.resolve()): {"bind": RUN_IN, "mode": "rw"}},
-            user=f"{os.getuid()}:{os.getgid()}", ipc_mode="host", hostname=socket.gethostname(),
-            ulimits=_ulimits(memlock), device_requests=_device_requests(run), environment={"HOME": "/tmp"},
-            working_dir="/tmp", labels={CONTAINER_LABEL: "1"},
+            run.image,
+            command=command,
+            entrypoint=["python3", "-m", "opcollect"],
+            volumes={
+                str(run.plan_path.resolve()): {"bind": PLAN_IN, "mode": "ro"},
+                str(run.run_dir.resolve()): {"bind": RUN_IN, "mode": "rw"},
+            },
+            user=f"{os.getuid()}:{os.getgid()}",
+            ipc_mode="host",
+            hostname=socket.gethostname(),
+            ulimits=_ulimits(memlock),
+            device_requests=_device_requests(run),
+            environment={"HOME": "/tmp"},
+            working_dir="/tmp",
+            labels={CONTAINER_LABEL: "1"},
         )
         try:
             container.start()
@@ -73,8 +84,10 @@ def _start(client, run: ContainerRun, command: list[str], say: Callable[[str], N
                 say(f"warning: the engine refused memlock=unlimited; using the host's limit of {limits[1]} bytes")
                 continue
             if "gpu" in text.lower() or "device driver" in text.lower():
-                raise InputError(f"GPUs requested but the engine has no NVIDIA runtime ({text.splitlines()[0][:160]}); "
-                                 "install nvidia-container-toolkit, or use --device cpu") from None
+                raise InputError(
+                    f"GPUs requested but the engine has no NVIDIA runtime ({text.splitlines()[0][:160]}); "
+                    "install nvidia-container-toolkit, or use --device cpu"
+                ) from None
             raise InputError(f"starting the container failed: {text.splitlines()[0][:200]}") from None
     raise AssertionError("unreachable")
 

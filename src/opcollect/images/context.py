@@ -44,10 +44,14 @@ class BuildPlan:
 
     def buildargs(self) -> dict[str, str]:
         return {
-            "BASE_IMAGE": self.base_image, "BASE_DIGEST": self.base_digest,
-            "OCI_CREATED": self.labels["created"], "OCI_SOURCE": self.labels["source"],
-            "OCI_REVISION": self.labels["revision"], "OCI_VERSION": __version__,
-            "COLLECTOR_HASH": self.collector_hash, "PINS_ENTRY_HASH": self.labels["pins_entry_hash"],
+            "BASE_IMAGE": self.base_image,
+            "BASE_DIGEST": self.base_digest,
+            "OCI_CREATED": self.labels["created"],
+            "OCI_SOURCE": self.labels["source"],
+            "OCI_REVISION": self.labels["revision"],
+            "OCI_VERSION": __version__,
+            "COLLECTOR_HASH": self.collector_hash,
+            "PINS_ENTRY_HASH": self.labels["pins_entry_hash"],
             "INPUT_HASH": self.input_hash,
         }
 
@@ -62,23 +66,33 @@ def _git(tree: ProjectTree, *args: str) -> str:
 
 def input_hash(base_image: str, base_digest: str, dockerfile: bytes, pyproject: bytes, collector: str) -> str:
     digest = hashlib.sha256()
-    for part in (base_image.encode(), base_digest.encode(), dockerfile, pyproject, collector.encode(),
-                 "\n".join(RUNTIME_REQUIREMENTS).encode()):
+    for part in (
+        base_image.encode(),
+        base_digest.encode(),
+        dockerfile,
+        pyproject,
+        collector.encode(),
+        "\n".join(RUNTIME_REQUIREMENTS).encode(),
+    ):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
 
 
-def plan_build(tree: ProjectTree, backend: str, pins_path: Path | None = None, base_image: str | None = None,
-               local_image_id=None) -> BuildPlan:
+def plan_build(
+    tree: ProjectTree, backend: str, pins_path: Path | None = None, base_image: str | None = None, local_image_id=None
+) -> BuildPlan:
     """Everything a build needs; ``local_image_id(ref)`` gives a local base's image ID."""
     dockerfile = tree.images / backend / "Dockerfile"
     if not dockerfile.is_file():
-        raise InputError(f"{dockerfile}: no Dockerfile for backend {backend!r}; known: "
-                         + ", ".join(sorted(p.name for p in tree.images.iterdir() if (p / "Dockerfile").is_file())))
+        raise InputError(
+            f"{dockerfile}: no Dockerfile for backend {backend!r}; known: "
+            + ", ".join(sorted(p.name for p in tree.images.iterdir() if (p / "Dockerfile").is_file()))
+        )
     pins = load_pins(pins_path or tree.pins)
     version, pin = pins.pin(backend)
-    entry_hash = hashlib.sha256(json.dumps({"backend": backend, "version": version, "image": pin.image},
-                                           sort_keys=True).encode()).hexdigest()
+    entry_hash = hashlib.sha256(
+        json.dumps({"backend": backend, "version": version, "image": pin.image}, sort_keys=True).encode()
+    ).hexdigest()
     if base_image is None:
         base, digest, local = pin.image, pin.digest, False
     elif "@sha256:" in base_image:
@@ -89,12 +103,25 @@ def plan_build(tree: ProjectTree, backend: str, pins_path: Path | None = None, b
         base, digest, local = base_image, local_image_id(base_image), True
     collector = collector_hash(tree.root)
     source = _git(tree, "config", "--get", "remote.origin.url")
-    labels = {"created": _git(tree, "log", "-1", "--format=%cI"), "revision": _git(tree, "rev-parse", "HEAD"),
-              "source": source, "pins_entry_hash": entry_hash}
-    return BuildPlan(backend=backend, version=None if base_image else version, base_image=base, base_digest=digest,
-                     local_base=local, dockerfile=dockerfile, collector_hash=collector,
-                     input_hash=input_hash(base, digest, dockerfile.read_bytes(), (tree.root / "pyproject.toml").read_bytes(),
-                                           collector), labels=labels)
+    labels = {
+        "created": _git(tree, "log", "-1", "--format=%cI"),
+        "revision": _git(tree, "rev-parse", "HEAD"),
+        "source": source,
+        "pins_entry_hash": entry_hash,
+    }
+    return BuildPlan(
+        backend=backend,
+        version=None if base_image else version,
+        base_image=base,
+        base_digest=digest,
+        local_base=local,
+        dockerfile=dockerfile,
+        collector_hash=collector,
+        input_hash=input_hash(
+            base, digest, dockerfile.read_bytes(), (tree.root / "pyproject.toml").read_bytes(), collector
+        ),
+        labels=labels,
+    )
 
 
 def build_wheel(tree: ProjectTree, collector: str, dest: Path) -> Path:
@@ -105,8 +132,22 @@ def build_wheel(tree: ProjectTree, collector: str, dest: Path) -> Path:
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(tree.root / name, copy / name)
         (copy / "src" / "opcollect" / "collector_hash.txt").write_text(collector + "\n")
-        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                               "-w", str(dest), str(copy)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                "-w",
+                str(dest),
+                str(copy),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             raise InputError(f"building the opcollect wheel failed: {done.stderr.strip().splitlines()[-1:]}")
     [wheel] = sorted(Path(dest).glob("opcollect-*.whl"))
@@ -115,13 +156,34 @@ def build_wheel(tree: ProjectTree, collector: str, dest: Path) -> Path:
 
 def download_requirements(python_tag: str, dest: Path) -> None:
     """Wheels of the runtime requirements for a base image's CPython (e.g. '311'), for offline builds."""
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version",
-                           python_tag, "--implementation", "cp", "--platform", "manylinux2014_x86_64",
-                           "--platform", "manylinux_2_17_x86_64", "-d", str(dest), *RUNTIME_REQUIREMENTS],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--only-binary=:all:",
+            "--python-version",
+            python_tag,
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "-d",
+            str(dest),
+            *RUNTIME_REQUIREMENTS,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
-        raise InputError(f"downloading runtime wheels for cp{python_tag} failed: "
-                         f"{done.stderr.strip().splitlines()[-1:] or done.stdout[-200:]}")
+        raise InputError(
+            f"downloading runtime wheels for cp{python_tag} failed: "
+            f"{done.stderr.strip().splitlines()[-1:] or done.stdout[-200:]}"
+        )
 
 
 def render_context(plan: BuildPlan, tree: ProjectTree, dest: Path, python_tag: str | None = None) -> Path:

@@ -18,8 +18,10 @@ def connect():
         return client
     except DockerException as exc:
         reason = str(exc).split("\n")[0][:160]
-        raise InputError(f"no Docker engine answers ({reason}); start one (e.g. `dockerd &`) or pass --local "
-                         "to collect without a container") from None
+        raise InputError(
+            f"no Docker engine answers ({reason}); start one (e.g. `dockerd &`) or pass --local "
+            "to collect without a container"
+        ) from None
 
 
 def ensure_image(client, ref: str) -> None:
@@ -35,5 +37,7 @@ def ensure_image(client, ref: str) -> None:
         client.images.pull(ref)
     except APIError as exc:
         reason = str(getattr(exc, "explanation", None) or exc).split("\n")[0][:200]
-        raise InputError(f"image {ref} is not present and cannot be pulled ({reason}); pull it on a machine "
-                         "that reaches its registry, or pass --base-image") from None
+        raise InputError(
+            f"image {ref} is not present and cannot be pulled ({reason}); pull it on a machine "
+            "that reaches its registry, or pass --base-image"
+        ) from None

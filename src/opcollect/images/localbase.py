@@ -46,8 +46,17 @@ def _python_image(client, say: Callable[[str], None]) -> str:
     with tempfile.TemporaryDirectory(prefix="opcollect-rootfs-") as tmp:
         root = Path(tmp) / "root"
         say(f"debootstrap: minimal Debian {PYTHON_IMAGE[1]} with python3 into {root}")
-        _run(["debootstrap", "--variant=minbase", "--include=python3,python3-pip,ca-certificates", PYTHON_IMAGE[1],
-              str(root), DEBIAN_MIRROR], "debootstrap")
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                "--include=python3,python3-pip,ca-certificates",
+                PYTHON_IMAGE[1],
+                str(root),
+                DEBIAN_MIRROR,
+            ],
+            "debootstrap",
+        )
         tarball = Path(tmp) / "root.tar"
         _run(["tar", "-C", str(root), "-cf", str(tarball), "."], "packing the root filesystem")
         say(f"docker import -> {ref}")
@@ -73,13 +82,38 @@ def build_local_base(tree: ProjectTree, force: bool = False, say: Callable[[str]
         wheels.mkdir()
         (wheels / "requirements.txt").write_text("\n".join(TORCH_REQUIREMENTS) + "\n")
         say(f"pip download {' '.join(TORCH_REQUIREMENTS)} for cp{PYTHON_TAG}")
-        _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", PYTHON_TAG,
-              "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-              "-d", str(wheels), *TORCH_REQUIREMENTS], "downloading the torch wheels")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--only-binary=:all:",
+                "--python-version",
+                PYTHON_TAG,
+                "--implementation",
+                "cp",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--platform",
+                "manylinux2014_x86_64",
+                "-d",
+                str(wheels),
+                *TORCH_REQUIREMENTS,
+            ],
+            "downloading the torch wheels",
+        )
         shutil.copy(tree.images / "local" / "Dockerfile", context / "Dockerfile")
         say(f"building {TORCH_IMAGE}")
-        for chunk in client.api.build(path=str(context), tag=TORCH_IMAGE, buildargs={"BASE_IMAGE": python_image},
-                                      decode=True, rm=True, forcerm=True):
+        for chunk in client.api.build(
+            path=str(context),
+            tag=TORCH_IMAGE,
+            buildargs={"BASE_IMAGE": python_image},
+            decode=True,
+            rm=True,
+            forcerm=True,
+        ):
             if "error" in chunk:
                 raise InputError(f"building {TORCH_IMAGE} failed: {chunk['error'].strip()}")
             for line in chunk.get("stream", "").splitlines():

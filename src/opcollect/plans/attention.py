@@ -54,7 +54,9 @@ def _expand(op: str, grid: AttentionGrid, shapes, lengths: list[int], context: b
                     tokens = batch * length if context else batch * (length + 1)
                     if tokens <= cap:
                         isl, step = (length, 0) if context else (1, length)
-                        values.append((batch, isl, heads, kv, head_dim, 1, p.attn_dtype, p.kv_cache_dtype, step, window))
+                        values.append(
+                            (batch, isl, heads, kv, head_dim, 1, p.attn_dtype, p.kv_cache_dtype, step, window)
+                        )
         rows[(p.attn_dtype, p.kv_cache_dtype)] = values
     return make_groups(op, AttentionCase, ("attn_dtype", "kv_cache_dtype"), rows, origins, SHAPE_FIELDS)
 

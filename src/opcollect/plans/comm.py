@@ -17,8 +17,7 @@ class CommCase(NamedTuple):
 
 def expand(grid: CommGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
     rows = {
-        (dtype,): [(dtype, gpus, size) for gpus in grid.num_gpus for size in grid.message_size]
-        for dtype in grid.dtypes
+        (dtype,): [(dtype, gpus, size) for gpus in grid.num_gpus for size in grid.message_size] for dtype in grid.dtypes
     }
     return make_groups("comm", CommCase, ("nccl_dtype",), rows)
 

@@ -56,7 +56,9 @@ def _load(path: Path) -> dict[str, OpView]:
 
 
 def _count_changes(old: dict[str, int], new: dict[str, int]) -> dict[str, tuple[int, int]]:
-    return {k: (old.get(k, 0), new.get(k, 0)) for k in sorted(old.keys() | new.keys()) if old.get(k, 0) != new.get(k, 0)}
+    return {
+        k: (old.get(k, 0), new.get(k, 0)) for k in sorted(old.keys() | new.keys()) if old.get(k, 0) != new.get(k, 0)
+    }
 
 
 def _diff_op(op: str, a: OpView, b: OpView) -> OpDiff:

@@ -48,7 +48,9 @@ def expand(grid: MoeGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
                     for tokens in grid.num_tokens:
                         values.append((dtype, tokens, hidden, inter, topk, experts, tp, ep, distribution))
         rows[(dtype,)] = values
-    return make_groups("moe", MoeCase, ("moe_dtype",), rows, origins, ("hidden_size", "inter_size", "topk", "num_experts"))
+    return make_groups(
+        "moe", MoeCase, ("moe_dtype",), rows, origins, ("hidden_size", "inter_size", "topk", "num_experts")
+    )
 
 
 def _cost(c: MoeCase) -> float:

@@ -75,7 +75,9 @@ def to_json(plan: Plan) -> dict:
         "sm": plan.sm,
         "collector_hash": plan.collector_hash,
         "plan_hash": plan.plan_hash,
-        "shard": None if plan.options.shard is None else {"index": plan.options.shard[0], "count": plan.options.shard[1]},
+        "shard": None
+        if plan.options.shard is None
+        else {"index": plan.options.shard[0], "count": plan.options.shard[1]},
         "selection": {
             "ops": list(plan.options.ops),
             "smoke": plan.options.smoke,
@@ -112,7 +114,9 @@ def read_plan_json(path: Path) -> dict:
     except OSError as exc:
         raise InputError(f"{path}: cannot read plan ({exc.strerror}); write one with `opcollect plan -o`") from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not a plan file (invalid JSON at line {exc.lineno}); write one with `opcollect plan -o`") from None
+        raise InputError(
+            f"{path}: not a plan file (invalid JSON at line {exc.lineno}); write one with `opcollect plan -o`"
+        ) from None
     return data
 
 
@@ -120,16 +124,17 @@ def parse_plan(path: Path, data: dict) -> PlanFile:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(f"{path}: not an opcollect plan file (field 'format' is not {FORMAT!r})")
     if data.get("format_version") != FORMAT_VERSION:
-        raise InputError(
-            f"{path}: plan format_version {data.get('format_version')!r}; this opcollect reads {FORMAT_VERSION}; re-plan"
-        )
+        found = data.get("format_version")
+        raise InputError(f"{path}: plan format_version {found!r}; this opcollect reads {FORMAT_VERSION}; re-plan")
     ops = {}
     for name, raw in data["ops"].items():
         op = OPS.get(name)
         if op is None:
             raise InputError(f"{path}: field 'ops.{name}': unknown op; known: {', '.join(OPS)}")
         if list(raw["fields"]) != list(op.fields):
-            raise InputError(f"{path}: field 'ops.{name}.fields' {raw['fields']} differs from {list(op.fields)}; re-plan")
+            raise InputError(
+                f"{path}: field 'ops.{name}.fields' {raw['fields']} differs from {list(op.fields)}; re-plan"
+            )
         columns = [raw["columns"][f] for f in op.fields]
         cases = [op.case_type._make(values) for values in zip(*columns)] if raw["case_id"] else []
         ids = list(raw["case_id"])

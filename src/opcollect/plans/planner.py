@@ -168,15 +168,26 @@ class Planner:
         )
 
 
-def plan_of_cases(backend: str, sm: str, op_name: str, cases: list[NamedTuple], dispatch: str,
-                  collector_hash: str) -> Plan:
+def plan_of_cases(
+    backend: str, sm: str, op_name: str, cases: list[NamedTuple], dispatch: str, collector_hash: str
+) -> Plan:
     """A plan of exactly these cases, in this order: to re-measure chosen cases, or to test a runtime."""
     op = OPS[op_name]
     values = [tuple(case) for case in cases]
-    ids = [id_template(op_name, op.fields, op.dtype_field, getattr(c, op.dtype_field)) % v for c, v in zip(cases, values)]
+    ids = [
+        id_template(op_name, op.fields, op.dtype_field, getattr(c, op.dtype_field)) % v for c, v in zip(cases, values)
+    ]
     dispatches = [dispatch] * len(cases)
-    selection = OpSelection(op, values, ids, dispatches, _batch_rows(op, backend, values, ids, dispatches), {},
-                            dict(Counter(op.label_of(c) for c in cases)), dict(Counter(dispatches)))
+    selection = OpSelection(
+        op,
+        values,
+        ids,
+        dispatches,
+        _batch_rows(op, backend, values, ids, dispatches),
+        {},
+        dict(Counter(op.label_of(c) for c in cases)),
+        dict(Counter(dispatches)),
+    )
     digest = plan_hash([f"backend={backend}", f"sm={sm}"], _canonical_lines(selection))
     return Plan(backend, sm, collector_hash, digest, PlanOptions(ops=(op_name,)), {op_name: selection})
 
@@ -194,7 +205,9 @@ def _smoke(op: OpPlan, picked: list[_Picked]) -> list[_Picked]:
     for _, _, n, i in chosen:
         keep.setdefault(n, set()).add(i)
     return [
-        _Picked(p.group, p.dispatch, [i for i in p.positions if i in keep[n]]) for n, p in enumerate(picked) if n in keep
+        _Picked(p.group, p.dispatch, [i for i in p.positions if i in keep[n]])
+        for n, p in enumerate(picked)
+        if n in keep
     ]
 
 

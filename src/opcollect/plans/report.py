@@ -42,7 +42,9 @@ def write_tables(plan: Plan, directory: Path) -> list[Path]:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["case_id", "dispatch", *sel.op.fields])
-        writer.writerows([case_id, dispatch, *values] for case_id, dispatch, values in zip(sel.ids, sel.dispatch, sel.values))
+        writer.writerows(
+            [case_id, dispatch, *values] for case_id, dispatch, values in zip(sel.ids, sel.dispatch, sel.values)
+        )
         path = Path(directory) / f"{name}.csv"
         write_atomic(path, buffer.getvalue())
         written.append(path)

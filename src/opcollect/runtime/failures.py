@@ -13,13 +13,25 @@ ERROR_CLASSES: tuple[str, ...] = ("kernel_limit", "oom", "timeout", "crash", "un
 
 # a kernel saying no: unsupported shapes, dtypes or architectures
 _LIMIT_PATTERNS = (
-    "not supported", "unsupported", "not implemented", "no kernel image", "no available kernel",
-    "divisible by", "must be a multiple", "only supports", "expected all tensors to be on the same device",
+    "not supported",
+    "unsupported",
+    "not implemented",
+    "no kernel image",
+    "no available kernel",
+    "divisible by",
+    "must be a multiple",
+    "only supports",
+    "expected all tensors to be on the same device",
 )
 # errors after which the CUDA context is unusable: the worker must be replaced
 _STICKY_PATTERNS = (
-    "illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
-    "cuda error: an illegal", "uncorrectable ecc", "cudaerrorlaunchfailure",
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "cuda error: an illegal",
+    "uncorrectable ecc",
+    "cudaerrorlaunchfailure",
 )
 
 

@@ -25,10 +25,15 @@ class TimingConfig:
     warmup_seconds: float = 0.1
 
     @staticmethod
-    def for_device(kind: str, max_noise: float | None = None, min_samples: int | None = None,
-                   max_case_seconds: float | None = None) -> "TimingConfig":
+    def for_device(
+        kind: str, max_noise: float | None = None, min_samples: int | None = None, max_case_seconds: float | None = None
+    ) -> "TimingConfig":
         """Defaults per device kind: a CPU case is kept short so a CPU collection ends in minutes."""
-        base = TimingConfig(min_samples=5, max_case_seconds=0.25, warmup_seconds=0.002) if kind == "cpu" else TimingConfig()
+        base = (
+            TimingConfig(min_samples=5, max_case_seconds=0.25, warmup_seconds=0.002)
+            if kind == "cpu"
+            else TimingConfig()
+        )
         return TimingConfig(
             max_noise=base.max_noise if max_noise is None else max_noise,
             min_samples=base.min_samples if min_samples is None else min_samples,
@@ -159,8 +164,9 @@ def calls_for(call: Callable[[], None], target_seconds: float, clock=time.perf_c
     return max(1, min(10_000, int(target_seconds / max(once, 1e-7))))
 
 
-def measure_cpu(call: Callable[[], None], config: TimingConfig, threads: int,
-                sample_target_seconds: float = 2e-4) -> Stats:
+def measure_cpu(
+    call: Callable[[], None], config: TimingConfig, threads: int, sample_target_seconds: float = 2e-4
+) -> Stats:
     """CPU path: perf_counter_ns around K back-to-back calls, K sized so a sample lasts ~0.2 ms."""
     calls = calls_for(call, sample_target_seconds)
     now = time.perf_counter_ns

@@ -69,9 +69,16 @@ def _log_tail(path: Path, limit: int = 600) -> str:
 
 
 class Pool:
-    def __init__(self, backend: str, devices: list[str], threads: int | None, config: TimingConfig,
-                 case_timeout: float, log_dir: Path,
-                 on_result: Callable[[_Worker, Task, list[dict]], None]):
+    def __init__(
+        self,
+        backend: str,
+        devices: list[str],
+        threads: int | None,
+        config: TimingConfig,
+        case_timeout: float,
+        log_dir: Path,
+        on_result: Callable[[_Worker, Task, list[dict]], None],
+    ):
         self.backend, self.devices, self.threads = backend, devices, threads
         self.config, self.case_timeout, self.log_dir = config, case_timeout, Path(log_dir)
         self.on_result = on_result
@@ -85,16 +92,32 @@ class Pool:
         self.spawned += 1
         log_path = self.log_dir / f"worker-{slot}.log"
         log = open(log_path, "ab")
-        cmd = [sys.executable, "-m", "opcollect.runtime.worker", "--backend", self.backend, "--device", device,
-               "--parent", str(os.getpid()), "--timing", json.dumps(asdict(self.config))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "opcollect.runtime.worker",
+            "--backend",
+            self.backend,
+            "--device",
+            device,
+            "--parent",
+            str(os.getpid()),
+            "--timing",
+            json.dumps(asdict(self.config)),
+        ]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         log.close()
         os.set_blocking(proc.stdout.fileno(), False)
-        worker = _Worker(slot, device, proc, log_path, deadline=time.monotonic() + READY_TIMEOUT_SECONDS,
-                         runtime_id=f"w{slot}.{self.spawned}")
+        worker = _Worker(
+            slot,
+            device,
+            proc,
+            log_path,
+            deadline=time.monotonic() + READY_TIMEOUT_SECONDS,
+            runtime_id=f"w{slot}.{self.spawned}",
+        )
         self.selector.register(proc.stdout, selectors.EVENT_READ, worker)
         return worker
 
@@ -139,8 +162,13 @@ class Pool:
     def _send(self, worker: _Worker, task: Task) -> None:
         worker.task = task
         worker.deadline = time.monotonic() + self.case_timeout * len(task.case_ids)
-        message = {"row_id": task.row_id, "op": task.op, "dispatch": task.dispatch,
-                   "case_ids": list(task.case_ids), "cases": list(task.cases)}
+        message = {
+            "row_id": task.row_id,
+            "op": task.op,
+            "dispatch": task.dispatch,
+            "case_ids": list(task.case_ids),
+            "cases": list(task.cases),
+        }
         try:
             worker.proc.stdin.write((json.dumps(message) + "\n").encode())
             worker.proc.stdin.flush()
@@ -187,8 +215,10 @@ class Pool:
         task = worker.task
         worker.task = None
         if task is not None:
-            results = [{"case_id": cid, "status": "failed", "error_class": error_class, "message": message}
-                       for cid in task.case_ids]
+            results = [
+                {"case_id": cid, "status": "failed", "error_class": error_class, "message": message}
+                for cid in task.case_ids
+            ]
             self.on_result(worker, task, results)
 
     def _died(self, worker: _Worker) -> None:
@@ -203,8 +233,9 @@ class Pool:
     def _expire(self, worker: _Worker) -> None:
         if worker.identity is None:
             self._kill(worker)
-            raise RuntimeError(f"worker on {worker.device} not ready after {READY_TIMEOUT_SECONDS:.0f} s: "
-                               f"{_log_tail(worker.log_path)}")
+            raise RuntimeError(
+                f"worker on {worker.device} not ready after {READY_TIMEOUT_SECONDS:.0f} s: {_log_tail(worker.log_path)}"
+            )
         limit = self.case_timeout * len(worker.task.case_ids) if worker.task else self.case_timeout
         self._fail(worker, "timeout", f"no answer within {limit:g} s; worker killed and replaced")
         self._replace(worker)

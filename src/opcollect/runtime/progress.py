@@ -11,8 +11,13 @@ LOG_INTERVAL_SECONDS = 5.0
 
 
 class Progress:
-    def __init__(self, totals: dict[str, int], already: dict[str, int], stream: TextIO | None = None,
-                 terminal: bool | None = None):
+    def __init__(
+        self,
+        totals: dict[str, int],
+        already: dict[str, int],
+        stream: TextIO | None = None,
+        terminal: bool | None = None,
+    ):
         self.stream = stream or sys.stderr
         self.totals = totals
         self.done = Counter(already)
@@ -24,12 +29,22 @@ class Progress:
         self._last_log = 0.0
         self._rich = None
         if self.terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
-            self._rich = RichProgress(TextColumn("{task.description:22s}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[status]}"), TimeRemainingColumn(), transient=False)
-            self._tasks = {op: self._rich.add_task(op, total=n, completed=self.done[op], status="")
-                           for op, n in totals.items() if n}
+            self._rich = RichProgress(
+                TextColumn("{task.description:22s}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._tasks = {
+                op: self._rich.add_task(op, total=n, completed=self.done[op], status="")
+                for op, n in totals.items()
+                if n
+            }
             self._rich.start()
 
     def record(self, op: str, status: str, error_class: str | None) -> None:
@@ -40,12 +55,17 @@ class Progress:
             self.failed[op] += 1
             self.failures_by_class[error_class or "unexpected"] += 1
         if self._rich is not None:
-            self._rich.update(self._tasks[op], completed=self.done[op],
-                              status=f"ok {self.ok[op]} failed {self.failed[op]}")
+            self._rich.update(
+                self._tasks[op], completed=self.done[op], status=f"ok {self.ok[op]} failed {self.failed[op]}"
+            )
         elif time.monotonic() - self._last_log >= LOG_INTERVAL_SECONDS or self.done[op] == self.totals[op]:
             self._last_log = time.monotonic()
-            print(f"[opcollect] {op}: {self.done[op]}/{self.totals[op]} done, ok {self.ok[op]}, "
-                  f"failed {self.failed[op]}, eta {self._eta()}", file=self.stream, flush=True)
+            print(
+                f"[opcollect] {op}: {self.done[op]}/{self.totals[op]} done, ok {self.ok[op]}, "
+                f"failed {self.failed[op]}, eta {self._eta()}",
+                file=self.stream,
+                flush=True,
+            )
 
     def _eta(self) -> str:
         total, done = sum(self.totals.values()), sum(self.done.values())

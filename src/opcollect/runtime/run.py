@@ -78,8 +78,10 @@ def check_collector(plan_path: Path, plan: PlanFile) -> None:
     """Refuse a plan made by other collector source than the one about to run it."""
     installed = installed_collector_hash()
     if installed is not None and installed != plan.collector_hash:
-        raise InputError(f"{plan_path}: planned by collector_hash {plan.collector_hash}, but this collector is "
-                         f"{installed}; re-plan with this collector (and use a new --out)")
+        raise InputError(
+            f"{plan_path}: planned by collector_hash {plan.collector_hash}, but this collector is "
+            f"{installed}; re-plan with this collector (and use a new --out)"
+        )
 
 
 def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
@@ -90,8 +92,10 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     devices = _resolve_devices(backend, plan, options)
     found = backend.identity(devices[0])["version"]
     if options.expect_version is not None and found != options.expect_version:
-        raise InputError(f"{plan.backend} {found} is installed, the pin says {options.expect_version}; rebuild the "
-                         "image from pins.yaml (opcollect build) or bump the pin")
+        raise InputError(
+            f"{plan.backend} {found} is installed, the pin says {options.expect_version}; rebuild the "
+            "image from pins.yaml (opcollect build) or bump the pin"
+        )
     before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
     skip = before.done(options.retry_failed)
     tasks = _tasks(plan, skip, before.attempts)
@@ -99,10 +103,18 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     config = TimingConfig.for_device(kind, options.max_noise, options.min_samples, options.max_case_seconds)
     threads = max(1, (os.cpu_count() or 1) // len(devices)) if kind == "cpu" else None
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
-    event = {"run_id": run_id, "collected_at": now_iso(), "finished_at": None, "host": socket.gethostname(),
-             "shard": None if plan.shard is None else f"{plan.shard[0]}/{plan.shard[1]}",
-             "rows": 0, "failures": 0, "image": options.image, "image_digest": options.image_digest,
-             "devices": devices}
+    event = {
+        "run_id": run_id,
+        "collected_at": now_iso(),
+        "finished_at": None,
+        "host": socket.gethostname(),
+        "shard": None if plan.shard is None else f"{plan.shard[0]}/{plan.shard[1]}",
+        "rows": 0,
+        "failures": 0,
+        "image": options.image,
+        "image_digest": options.image_digest,
+        "devices": devices,
+    }
     event_path = run_dir / "events" / f"{run_id}.json"
     write_atomic(event_path, json.dumps(event, indent=2) + "\n")
     totals = {name: len(op.ids) for name, op in plan.ops.items()}
@@ -116,13 +128,24 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
         writer = writers[worker.slot]
         runtime_id = f"{run_id}.{worker.runtime_id}"
         if runtime_id not in announced and worker.identity is not None:
-            writer.append_runtime({"runtime_id": runtime_id, "worker": worker.slot, "worker_device": worker.device,
-                                   **worker.identity})
+            writer.append_runtime(
+                {"runtime_id": runtime_id, "worker": worker.slot, "worker_device": worker.device, **worker.identity}
+            )
             announced.add(runtime_id)
         for result in results:
-            record = {**result, "op": task.op, "row_id": task.row_id, "dispatch": task.dispatch,
-                      "attempt": task.attempt, "plan_hash": plan.plan_hash, "collector_hash": plan.collector_hash,
-                      "run_id": run_id, "worker": worker.slot, "runtime_id": runtime_id, "recorded_at": now_iso()}
+            record = {
+                **result,
+                "op": task.op,
+                "row_id": task.row_id,
+                "dispatch": task.dispatch,
+                "attempt": task.attempt,
+                "plan_hash": plan.plan_hash,
+                "collector_hash": plan.collector_hash,
+                "run_id": run_id,
+                "worker": worker.slot,
+                "runtime_id": runtime_id,
+                "recorded_at": now_iso(),
+            }
             writer.append(record)
             progress.record(task.op, result["status"], result.get("error_class"))
 
@@ -155,5 +178,7 @@ def describe_run_dir(run_dir: Path, planned: int) -> str:
         if r["status"] != "ok":
             total_failed[r["error_class"]] = total_failed.get(r["error_class"], 0) + 1
     classes = ", ".join(f"{k} {v}" for k, v in sorted(total_failed.items())) or "none"
-    return (f"{run_dir}: {total_ok} rows, failures {classes}, {planned - len(state.latest)} of {planned} planned "
-            "cases missing")
+    return (
+        f"{run_dir}: {total_ok} rows, failures {classes}, {planned - len(state.latest)} of {planned} planned "
+        "cases missing"
+    )

@@ -48,13 +48,21 @@ def run_task(backend, task: dict, device: str, config: TimingConfig) -> dict:
             check_capacity(backend, task["op"], case, device)
         measured = backend.measure(task["op"], task["dispatch"], cases, device, config)
         for case_id, m in zip(task["case_ids"], measured):
-            results.append({"case_id": case_id, "status": "ok", "stats": dataclasses.asdict(m.stats),
-                            "kernel_source": m.kernel_source})
+            results.append(
+                {
+                    "case_id": case_id,
+                    "status": "ok",
+                    "stats": dataclasses.asdict(m.stats),
+                    "kernel_source": m.kernel_source,
+                }
+            )
     except Exception as exc:  # every failure is recorded; the worker goes on unless it is fatal
         failure = classify(exc)
         fatal = failure.fatal
-        results = [{"case_id": cid, "status": "failed", "error_class": failure.error_class, "message": failure.message}
-                   for cid in task["case_ids"]]
+        results = [
+            {"case_id": cid, "status": "failed", "error_class": failure.error_class, "message": failure.message}
+            for cid in task["case_ids"]
+        ]
     return {"row_id": task["row_id"], "results": results, "fatal": fatal}
 
 

@@ -47,7 +47,9 @@ def _resolve(path: Path, op: str | None) -> tuple[Path, TableSchema]:
     matches = [(p, wanted[p.stem]) for p in candidates if p.stem in wanted]
     if len(matches) != 1:
         names = sorted({p.stem for p, _ in matches}) or sorted({p.stem for p in candidates})
-        raise InputError(f"{path}: {len(matches)} tables match; pick one with --op (found: {', '.join(names) or 'none'})")
+        raise InputError(
+            f"{path}: {len(matches)} tables match; pick one with --op (found: {', '.join(names) or 'none'})"
+        )
     return matches[0]
 
 
@@ -98,15 +100,23 @@ def compare_tables(old_path: Path, new_path: Path, op: str | None = None) -> Com
     largest = [(",".join(f"{k}={r[k]}" for k in keys), r["old"], r["new"], q) for r, q in ranked[:10]]
     axis = schema.sweep_axis
     return Comparison(
-        table=schema.name, shared=joined.num_rows, median=statistics.median(ratio), p10=_percentile(ratio, 0.1),
-        p90=_percentile(ratio, 0.9), largest=largest, non_monotonic=non_monotonic_steps(new_full, schema),
-        axis=axis, points=[(float(r[axis]), q) for r, q in zip(rows, ratio)],
+        table=schema.name,
+        shared=joined.num_rows,
+        median=statistics.median(ratio),
+        p10=_percentile(ratio, 0.1),
+        p90=_percentile(ratio, 0.9),
+        largest=largest,
+        non_monotonic=non_monotonic_steps(new_full, schema),
+        axis=axis,
+        points=[(float(r[axis]), q) for r, q in zip(rows, ratio)],
     )
 
 
 def render(c: Comparison) -> str:
-    lines = [f"{c.table}: {c.shared} shared keys; NEW/OLD median {c.median:.3f}, p10 {c.p10:.3f}, p90 {c.p90:.3f}",
-             "largest deviations:"]
+    lines = [
+        f"{c.table}: {c.shared} shared keys; NEW/OLD median {c.median:.3f}, p10 {c.p10:.3f}, p90 {c.p90:.3f}",
+        "largest deviations:",
+    ]
     lines += [f"  {key}: old {old:.6g} ms, new {new:.6g} ms, ratio {q:.3f}" for key, old, new, q in c.largest]
     lines.append(f"non-monotonic steps along {c.axis} in NEW (drop > {STEP_TOLERANCE:.0%}): {len(c.non_monotonic)}")
     lines += [f"  {key}: {a:.6g} -> {b:.6g} ms" for key, a, b in c.non_monotonic[:10]]

@@ -19,20 +19,49 @@ from opcollect.plans.planfile import FORMAT, read_plan_json
 from opcollect.runtime.shards import read_lines, shard_paths
 from opcollect.tables.schema import schema_for_op
 
-STATS = pa.struct([("latency", pa.float64()), ("latency_p25", pa.float64()), ("latency_p75", pa.float64()),
-                   ("samples", pa.int64()), ("noise", pa.float64()), ("timing", pa.string()),
-                   ("sm_clock_mhz", pa.float64())])
-RUNTIME_FIELDS = ("runtime_id", "framework", "version", "python", "torch", "cuda", "driver", "device", "host",
-                  "worker_device")
+STATS = pa.struct(
+    [
+        ("latency", pa.float64()),
+        ("latency_p25", pa.float64()),
+        ("latency_p75", pa.float64()),
+        ("samples", pa.int64()),
+        ("noise", pa.float64()),
+        ("timing", pa.string()),
+        ("sm_clock_mhz", pa.float64()),
+    ]
+)
+RUNTIME_FIELDS = (
+    "runtime_id",
+    "framework",
+    "version",
+    "python",
+    "torch",
+    "cuda",
+    "driver",
+    "device",
+    "host",
+    "worker_device",
+)
 # both kinds of shard line in one schema: a runtime line leaves the case fields null, and the reverse.
 # A record's plan_hash and collector_hash repeat run.json's; merge takes them from there, unparsed.
-RECORD = pa.schema([
-    ("kind", pa.string()), *[(name, pa.string()) for name in RUNTIME_FIELDS if name != "runtime_id"],
-    ("case_id", pa.string()), ("op", pa.string()), ("status", pa.string()),
-    ("kernel_source", pa.string()), ("dispatch", pa.string()), ("error_class", pa.string()),
-    ("message", pa.string()), ("attempt", pa.int64()), ("run_id", pa.string()), ("runtime_id", pa.string()),
-    ("recorded_at", pa.string()), ("stats", STATS),
-])
+RECORD = pa.schema(
+    [
+        ("kind", pa.string()),
+        *[(name, pa.string()) for name in RUNTIME_FIELDS if name != "runtime_id"],
+        ("case_id", pa.string()),
+        ("op", pa.string()),
+        ("status", pa.string()),
+        ("kernel_source", pa.string()),
+        ("dispatch", pa.string()),
+        ("error_class", pa.string()),
+        ("message", pa.string()),
+        ("attempt", pa.int64()),
+        ("run_id", pa.string()),
+        ("runtime_id", pa.string()),
+        ("recorded_at", pa.string()),
+        ("stats", STATS),
+    ]
+)
 CASE_FIELDS = [name for name in RECORD.names if name not in RUNTIME_FIELDS or name == "runtime_id"]
 
 
@@ -103,5 +132,14 @@ def load_run(run_dir: Path) -> RunData:
     announced = lines.filter(pc.equal(lines["kind"], "runtime")).select(list(RUNTIME_FIELDS)).to_pylist()
     runtimes = {line["runtime_id"]: line for line in announced}
     events = [json.loads(p.read_text()) for p in sorted((run_dir / "events").glob("*.json"))]
-    return RunData(run_dir, identity["backend"], identity["sm"], identity["plan_hash"], identity["collector_hash"],
-                   plan_cases, records, runtimes, events)
+    return RunData(
+        run_dir,
+        identity["backend"],
+        identity["sm"],
+        identity["plan_hash"],
+        identity["collector_hash"],
+        plan_cases,
+        records,
+        runtimes,
+        events,
+    )

@@ -61,8 +61,11 @@ def _r1(path: Path, table: pa.Table, expected: pa.Schema, legacy: bool) -> list[
         names = names[: len(wanted)]
     if names != wanted:
         return [Finding("R1", str(path), f"columns {names} differ from {wanted}")]
-    wrong = [f"{n}: {table.schema.field(n).type} (want {expected.field(n).type})" for n in wanted
-             if table.schema.field(n).type != expected.field(n).type]
+    wrong = [
+        f"{n}: {table.schema.field(n).type} (want {expected.field(n).type})"
+        for n in wanted
+        if table.schema.field(n).type != expected.field(n).type
+    ]
     return [Finding("R1", str(path), "wrong types", tuple(wrong[:MAX_KEYS]))] if wrong else []
 
 
@@ -80,8 +83,11 @@ def _r3(path: Path, table: pa.Table, legacy: bool) -> list[Finding]:
     found = []
     for name in table.column_names:
         if table[name].null_count:
-            found.append(Finding("R3", str(path), f"{table[name].null_count} nulls in {name}",
-                                 _ids(table, pc.is_null(table[name]))))
+            found.append(
+                Finding(
+                    "R3", str(path), f"{table[name].null_count} nulls in {name}", _ids(table, pc.is_null(table[name]))
+                )
+            )
     latency = table["latency"]
     bad = pc.or_(pc.invert(pc.is_finite(latency)), pc.less_equal(latency, 0))
     if pc.any(bad).as_py():
@@ -99,8 +105,15 @@ def _r4(path: Path, perf: pa.Table, failures: pa.Table, planned: pa.Table, parti
     missing = pc.invert(pc.is_in(planned["case_id"], value_set=done))
     if pc.any(missing).as_py():
         count = pc.sum(missing).as_py()
-        found.append(Finding("R4", str(path), f"{count} planned cases have neither a row nor a failure",
-                             _ids(planned, missing), warning=partial))
+        found.append(
+            Finding(
+                "R4",
+                str(path),
+                f"{count} planned cases have neither a row nor a failure",
+                _ids(planned, missing),
+                warning=partial,
+            )
+        )
     for name, table in (("rows", perf), ("failures", failures)):
         outside = pc.invert(pc.is_in(table["case_id"], value_set=planned["case_id"].combine_chunks()))
         if pc.any(outside).as_py():
@@ -134,22 +147,45 @@ def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: fl
         if sha256_file(path) != entry.file_sha256:
             found.append(Finding("R5", str(path), "sha256 differs from the sidecar's file_sha256"))
         if (perf.num_rows, failures.num_rows) != (entry.rows, entry.failures):
-            found.append(Finding("R5", str(path), f"{perf.num_rows} rows/{failures.num_rows} failures, sidecar says "
-                                                  f"{entry.rows}/{entry.failures}"))
-        found += _r6(path, perf, schema, FRAMEWORK_NAMES.get(meta.runtime.framework, meta.runtime.framework),
-                     meta.runtime.version, meta.system.device)
+            found.append(
+                Finding(
+                    "R5",
+                    str(path),
+                    f"{perf.num_rows} rows/{failures.num_rows} failures, sidecar says {entry.rows}/{entry.failures}",
+                )
+            )
+        found += _r6(
+            path,
+            perf,
+            schema,
+            FRAMEWORK_NAMES.get(meta.runtime.framework, meta.runtime.framework),
+            meta.runtime.version,
+            meta.system.device,
+        )
         noisy = pc.greater(perf["noise"], noise_bound)
         if pc.any(noisy).as_py():
-            found.append(Finding("R7", str(path), f"{pc.sum(noisy).as_py()} rows with noise above {noise_bound}",
-                                 _ids(perf, noisy), warning=not strict))
+            found.append(
+                Finding(
+                    "R7",
+                    str(path),
+                    f"{pc.sum(noisy).as_py()} rows with noise above {noise_bound}",
+                    _ids(perf, noisy),
+                    warning=not strict,
+                )
+            )
     return found
 
 
-def _r6(path: Path, perf: pa.Table, schema: TableSchema, framework: str | None, version: str | None,
-        device: str | None) -> list[Finding]:
+def _r6(
+    path: Path, perf: pa.Table, schema: TableSchema, framework: str | None, version: str | None, device: str | None
+) -> list[Finding]:
     found = []
-    for column, wanted in (("framework", framework), ("version", version), ("device", device),
-                           ("op_name", schema.op.op_name)):
+    for column, wanted in (
+        ("framework", framework),
+        ("version", version),
+        ("device", device),
+        ("op_name", schema.op.op_name),
+    ):
         if wanted is None:
             continue
         off = pc.not_equal(perf[column], wanted)

@@ -19,12 +19,26 @@ from opcollect.plans.base import OpPlan
 from opcollect.plans.ops import OPS
 
 LEADING = ("framework", "version", "device", "op_name", "kernel_source")
-MEASURED = (("latency", pa.float64()), ("latency_p25", pa.float64()), ("latency_p75", pa.float64()),
-            ("samples", pa.int64()), ("noise", pa.float64()), ("timing", pa.string()), ("case_id", pa.string()))
+MEASURED = (
+    ("latency", pa.float64()),
+    ("latency_p25", pa.float64()),
+    ("latency_p75", pa.float64()),
+    ("samples", pa.int64()),
+    ("noise", pa.float64()),
+    ("timing", pa.string()),
+    ("case_id", pa.string()),
+)
 FAILED = (("case_id", pa.string()), ("error_class", pa.string()), ("message", pa.string()), ("attempts", pa.int64()))
 # the axis a sweep grows along, for monotonicity checks in compare
-SWEEP_AXIS = {"gemm": "m", "attention_context": "isl", "attention_generation": "step", "moe": "num_tokens",
-              "mla_context": "isl", "mla_generation": "step", "comm": "message_size"}
+SWEEP_AXIS = {
+    "gemm": "m",
+    "attention_context": "isl",
+    "attention_generation": "step",
+    "moe": "num_tokens",
+    "mla_context": "isl",
+    "mla_generation": "step",
+    "comm": "message_size",
+}
 ARROW_TYPES = {str: pa.string(), int: pa.int64()}
 
 

@@ -93,8 +93,9 @@ class SidecarV1(_Strict):
 
 def read_sidecar(path: Path) -> SidecarV1 | SidecarV2:
     data = read_yaml(path)
-    if not isinstance(data, dict) or data.get("schema_version") not in (1, 2):
-        raise InputError(f"{path}: field 'schema_version': expected 1 or 2, got {data.get('schema_version') if isinstance(data, dict) else data!r}")
+    version = data.get("schema_version") if isinstance(data, dict) else data
+    if version not in (1, 2):
+        raise InputError(f"{path}: field 'schema_version': expected 1 or 2, got {version!r}")
     model = SidecarV2 if data["schema_version"] == 2 else SidecarV1
     return validate(str(path), data, model)
 

@@ -32,8 +32,11 @@ def sha256_file(path: Path) -> str:
 
 def listed_files(root: Path) -> list[str]:
     """Every file under TABLES but the manifest, as sorted relative POSIX paths."""
-    return sorted(p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()
-                  and p.relative_to(root).as_posix() != MANIFEST)
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in Path(root).rglob("*")
+        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
+    )
 
 
 def read_manifest(root: Path) -> dict:

@@ -24,9 +24,16 @@ class VerifyReport:
         return not (self.modified or self.missing or self.unexpected or self.sidecar)
 
     def render(self) -> str:
-        lines = [f"{kind}: {path}" for kind, paths in (("modified", self.modified), ("missing", self.missing),
-                                                        ("unexpected", self.unexpected), ("sidecar mismatch", self.sidecar))
-                 for path in paths]
+        lines = [
+            f"{kind}: {path}"
+            for kind, paths in (
+                ("modified", self.modified),
+                ("missing", self.missing),
+                ("unexpected", self.unexpected),
+                ("sidecar mismatch", self.sidecar),
+            )
+            for path in paths
+        ]
         verdict = "verified" if self.clean else f"{len(lines)} differences"
         return "\n".join(lines + [f"{self.checked} files checked: {verdict}"]) + "\n"
 

@@ -38,13 +38,17 @@ def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured
         import torch
 
         if torch.cuda.device_count() < world:
-            raise KernelLimit(f"all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}")
+            raise KernelLimit(
+                f"all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
+            )
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     payload = [c._asdict() for c in cases]
     procs = [
-        ctx.Process(target=_rank_main, args=(rank, world, port, cuda, payload, config, results, os.getpid()), daemon=True)
+        ctx.Process(
+            target=_rank_main, args=(rank, world, port, cuda, payload, config, results, os.getpid()), daemon=True
+        )
         for rank in range(world)
     ]
     for proc in procs:
@@ -84,8 +88,9 @@ def _rank_main(rank, world, port, cuda, payload, config, results, parent_pid) ->
     else:
         torch.set_num_threads(1)
     try:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=world)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
         measured = [_time_one(case, device, cuda, config, dist, torch) for case in payload]
         if rank == 0:
             results.put(measured)

@@ -47,7 +47,9 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     import torch
 
     if case.mla_dtype not in ("bfloat16", "float32") or case.kv_cache_dtype != case.mla_dtype:
-        raise KernelLimit(f"the torch MLA runner computes in bf16/fp32 only, not {case.mla_dtype}/{case.kv_cache_dtype}")
+        raise KernelLimit(
+            f"the torch MLA runner computes in bf16/fp32 only, not {case.mla_dtype}/{case.kv_cache_dtype}"
+        )
     dtype = torch.bfloat16 if case.mla_dtype == "bfloat16" else torch.float32
     b, h = case.batch_size, case.num_heads
     queries, keys = _lengths(case, context)
@@ -65,7 +67,12 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
         i = state["i"] = (state["i"] + 1) % copies
         q_latent = torch.cat([torch.bmm(q_nope[i], w_uk), q_rope[i]], dim=-1)  # (h, b*q, 576)
         q = q_latent.view(h, b, queries, KV_LORA + ROPE).transpose(0, 1).reshape(b, h * queries, KV_LORA + ROPE)
-        out = attend(q, caches[i], h, queries, hidden, scale).view(b, h, queries, KV_LORA).transpose(0, 1).reshape(h, b * queries, KV_LORA)
+        out = (
+            attend(q, caches[i], h, queries, hidden, scale)
+            .view(b, h, queries, KV_LORA)
+            .transpose(0, 1)
+            .reshape(h, b * queries, KV_LORA)
+        )
         torch.bmm(out, w_uv)
 
     return Prepared(call, dispatch)

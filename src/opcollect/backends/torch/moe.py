@@ -86,7 +86,7 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
         else:
             parts = []
             for e in active:
-                xe = x[bounds[e]:bounds[e + 1]]
+                xe = x[bounds[e] : bounds[e + 1]]
                 gate, up = F.linear(xe, w1[i][e]).chunk(2, dim=-1)
                 parts.append(F.linear(F.silu(gate) * up, w2[i][e]))
             y = torch.cat(parts)

@@ -6,7 +6,15 @@ import math
 from typing import Callable
 
 from opcollect.runtime.contract import Prepared
-from opcollect.runtime.harness import Sampled, Stats, TimingConfig, calls_for, measure_cpu, sample_until_stable, summarize
+from opcollect.runtime.harness import (
+    Sampled,
+    Stats,
+    TimingConfig,
+    calls_for,
+    measure_cpu,
+    sample_until_stable,
+    summarize,
+)
 
 # the working set of one graph replay should be at least this many L2 sizes, so inputs come from HBM
 L2_MULTIPLE = 3
@@ -35,8 +43,9 @@ def l2_bytes(device: str) -> int:
     return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
 
 
-def measure(prepare: Callable[[int], Prepared], footprint: int, device: str, config: TimingConfig,
-            first_case: bool = False) -> tuple[Stats, str]:
+def measure(
+    prepare: Callable[[int], Prepared], footprint: int, device: str, config: TimingConfig, first_case: bool = False
+) -> tuple[Stats, str]:
     """Time one case: ``prepare(copies)`` builds it with that many rotating input sets."""
     import torch
 
@@ -52,8 +61,9 @@ def measure(prepare: Callable[[int], Prepared], footprint: int, device: str, con
     return _measure_cuda(prepared, copies, device, config, l2, first_case), prepared.kernel_source
 
 
-def _measure_cuda(prepared: Prepared, copies: int, device: str, config: TimingConfig, l2: str,
-                  first_case: bool) -> Stats:
+def _measure_cuda(
+    prepared: Prepared, copies: int, device: str, config: TimingConfig, l2: str, first_case: bool
+) -> Stats:
     import torch
 
     stream = torch.cuda.Stream(device=device)
@@ -89,8 +99,9 @@ def _measure_cuda(prepared: Prepared, copies: int, device: str, config: TimingCo
         warm = TimingConfig(config.max_noise, 1, FIRST_CASE_WARMUP_SECONDS, FIRST_CASE_WARMUP_SECONDS)
         sample_until_stable(sample, warm)
     raw: Sampled = sample_until_stable(sample, config)
-    return summarize(raw, "graph" if graph is not None else "eager", calls, l2=l2,
-                     sm_clock_mhz=nvml.sm_clock() if nvml else None)
+    return summarize(
+        raw, "graph" if graph is not None else "eager", calls, l2=l2, sm_clock_mhz=nvml.sm_clock() if nvml else None
+    )
 
 
 def _synced(call: Callable[[], None], stream) -> None:
