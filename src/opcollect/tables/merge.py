@@ -25,6 +25,7 @@ from opcollect.images.pins import FRAMEWORK_NAMES
 from opcollect.plans.hashes import collector_hash
 from opcollect.project import ProjectTree
 from opcollect.tables import sidecar as sc
+from opcollect.tables.candidates import latest_per_case, new_candidates, old_candidates, unique_planned
 from opcollect.tables.ingest import RunData, load_run
 from opcollect.tables.schema import TableSchema, schema_for_op, table_files
 from opcollect.tables.store import Staging, recover
@@ -62,117 +63,6 @@ def _target(run: RunData, systems: dict[str, SystemSpec]) -> Target:
     if system is None:
         raise InputError(f"{run.run_dir}: device {device!r} matches no systems/*.yaml; add it to that system's devices")
     return Target(system, run.backend, version, device)
-
-
-def _new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
-    records = run.records
-    if pc.count_distinct(records["op"]).as_py() > 1:
-        records = records.filter(pc.equal(records["op"], op))
-    needed = [
-        "case_id",
-        "status",
-        "recorded_at",
-        "kernel_source",
-        "dispatch",
-        "error_class",
-        "message",
-        "attempt",
-        "run_id",
-        *(
-            f"stats.{n}"
-            for n in ("latency", "latency_p25", "latency_p75", "samples", "noise", "timing", "sm_clock_mhz")
-        ),
-    ]
-    joined = records.select(needed).join(run.plan_cases[op], "case_id", join_type="inner")
-    columns = {
-        "case_id": joined["case_id"],
-        **{f: joined[f] for f in schema.key_fields},
-        "ok": pc.equal(joined["status"], "ok"),
-        "recorded_at": joined["recorded_at"],
-        "kernel_source": pc.coalesce(joined["kernel_source"], joined["dispatch"]),
-    }
-    for name in ("latency", "latency_p25", "latency_p75", "samples", "noise", "timing", "sm_clock_mhz"):
-        columns[name] = joined[f"stats.{name}"]
-    columns.update(
-        error_class=joined["error_class"], message=joined["message"], attempt=joined["attempt"], run_id=joined["run_id"]
-    )
-    return pa.table({k: v.cast(CANDIDATE_TYPES[k]) if k in CANDIDATE_TYPES else v for k, v in columns.items()})
-
-
-CANDIDATE_TYPES = {
-    "ok": pa.bool_(),
-    "recorded_at": pa.string(),
-    "kernel_source": pa.string(),
-    "latency": pa.float64(),
-    "latency_p25": pa.float64(),
-    "latency_p75": pa.float64(),
-    "samples": pa.int64(),
-    "noise": pa.float64(),
-    "timing": pa.string(),
-    "sm_clock_mhz": pa.float64(),
-    "error_class": pa.string(),
-    "message": pa.string(),
-    "attempt": pa.int64(),
-    "run_id": pa.string(),
-}
-
-
-def _candidates(table: pa.Table, schema: TableSchema, values: dict) -> pa.Table:
-    """Candidate rows from a stored table: its keys, the given columns, nulls for the rest."""
-    n = table.num_rows
-    columns = {"case_id": table["case_id"], **{f: table[f] for f in schema.key_fields}}
-    for name, kind in CANDIDATE_TYPES.items():
-        value = values.get(name)
-        if isinstance(value, str) and value in table.column_names:
-            columns[name] = table[value].cast(kind)
-        else:
-            columns[name] = pa.array([value] * n, kind) if value is not None else pa.nulls(n, kind)
-    return pa.table(columns)
-
-
-def _old_candidates(directory: Path, schema: TableSchema) -> pa.Table | None:
-    """What TABLES holds for this table, as candidates older than any new record."""
-    perf_name, failures_name, _ = table_files(schema.name)
-    parts = []
-    if (directory / perf_name).is_file():
-        measured = ("kernel_source", "latency", "latency_p25", "latency_p75", "samples", "noise", "timing")
-        parts.append(
-            _candidates(
-                pq.read_table(directory / perf_name),
-                schema,
-                {"ok": True, "recorded_at": "", "attempt": 1, **{c: c for c in measured}},
-            )
-        )
-    if (directory / failures_name).is_file():
-        parts.append(
-            _candidates(
-                pq.read_table(directory / failures_name),
-                schema,
-                {
-                    "ok": False,
-                    "recorded_at": "",
-                    "kernel_source": "kernel_source",
-                    "error_class": "error_class",
-                    "message": "message",
-                    "attempt": "attempts",
-                },
-            )
-        )
-    return pa.concat_tables(parts) if parts else None
-
-
-def latest_per_case(candidates: pa.Table) -> pa.Table:
-    """One candidate per case: measured beats failed, then the most recent wins."""
-    if pc.count_distinct(candidates["case_id"]).as_py() == candidates.num_rows:
-        return candidates  # every case once: nothing to choose
-    ranked = candidates.append_column("rank", pc.cast(candidates["ok"], pa.int8()))
-    ordered = ranked.sort_by([("case_id", "ascending"), ("rank", "ascending"), ("recorded_at", "ascending")])
-    ids = ordered["case_id"].combine_chunks()
-    if len(ids) == 0:
-        return ordered.drop_columns(["rank"])
-    last = pc.not_equal(ids.slice(0, len(ids) - 1), ids.slice(1))
-    keep = pa.concat_arrays([last, pa.array([True])])
-    return ordered.filter(keep).drop_columns(["rank"])
 
 
 def _leading(target: Target, schema: TableSchema, table: pa.Table) -> dict:
@@ -308,72 +198,90 @@ def merge(run_dirs: list[Path], tables: Path, tree: ProjectTree | None) -> list[
     return written
 
 
+def _merge_table(
+    target: Target,
+    runs: list[RunData],
+    op: str,
+    tables: Path,
+    staging: Staging,
+    previous: sc.TableMeta | None,
+    digest: str,
+    collector_ref: str | None,
+) -> tuple[sc.TableMeta, TableWritten]:
+    """One table: choose the rows, write perf, failures and plan into staging, and describe it."""
+    schema = schema_for_op(op)
+    directory = target.directory(schema.op.family)
+    old_dir = tables / directory
+    if previous is not None and previous.collector_hash != digest:
+        raise InputError(
+            f"{old_dir / sc.SIDECAR}: {schema.name} holds collector_hash {previous.collector_hash}, "
+            f"the runs have {digest}; merge into another TABLES or re-collect"
+        )
+    new = pa.concat_tables([new_candidates(r, op, schema) for r in runs if op in r.plan_cases])
+    new_events = _events(runs, op, new)
+    old = old_candidates(old_dir, schema)
+    chosen = latest_per_case(pa.concat_tables([old, new]) if old is not None else new)
+    del new, old  # the largest tables of a merge: free them before building the outputs
+    perf, failures = build_outputs(target, schema, chosen)
+    del chosen
+    perf_name, failures_name, plan_name = table_files(schema.name)
+    stored = [pq.read_table(old_dir / plan_name)] if (old_dir / plan_name).is_file() else []
+    planned = unique_planned(
+        pa.concat_tables(
+            stored
+            + [
+                pa.table(
+                    {
+                        "case_id": r.plan_cases[op]["case_id"],
+                        "plan_hash": pa.array([r.plan_hash] * r.plan_cases[op].num_rows, pa.string()),
+                    }
+                )
+                for r in runs
+                if op in r.plan_cases
+            ]
+        )
+    )
+    perf_bytes = _parquet_bytes(perf)
+    staging.write(f"{directory}/{perf_name}", perf_bytes)
+    staging.write(f"{directory}/{failures_name}", _parquet_bytes(failures))
+    staging.write(f"{directory}/{plan_name}", _parquet_bytes(planned))
+    done = pa.concat_arrays([perf["case_id"].combine_chunks(), failures["case_id"].combine_chunks()])
+    status = "complete" if pc.all(pc.is_in(planned["case_id"], value_set=done)).as_py() in (True, None) else "partial"
+    events = {e.run_id: e for e in (previous.events if previous else [])}
+    events.update({e.run_id: e for e in new_events})
+    meta = sc.TableMeta(
+        file_sha256=hashlib.sha256(perf_bytes).hexdigest(),
+        rows=perf.num_rows,
+        failures=failures.num_rows,
+        status=status,
+        collector_ref=collector_ref,
+        collector_hash=digest,
+        # planned is sorted by case ID (ASCII, so Arrow's byte order is Python's)
+        case_plan_hash=hashlib.sha256("\n".join(planned["case_id"].to_pylist()).encode()).hexdigest(),
+        events=sorted(events.values(), key=lambda e: e.collected_at),
+    )
+    return meta, TableWritten(f"{directory}/{perf_name}", perf.num_rows, failures.num_rows, status)
+
+
 def _merge_target(
     target: Target, runs: list[RunData], digest: str, tables: Path, staging: Staging, tree: ProjectTree | None
 ) -> list[TableWritten]:
-    ops = list(dict.fromkeys(op for run in runs for op in run.plan_cases))
     by_family: dict[str, list[str]] = defaultdict(list)
-    for op in ops:
+    for op in dict.fromkeys(op for run in runs for op in run.plan_cases):
         by_family[schema_for_op(op).op.family].append(op)
+    collector_ref = _collector_ref(tree, digest)
     written = []
     for family, family_ops in by_family.items():
         directory = target.directory(family)
-        old_dir = tables / directory
-        old_meta = sc.read_sidecar(old_dir / sc.SIDECAR) if (old_dir / sc.SIDECAR).is_file() else None
+        sidecar_path = tables / directory / sc.SIDECAR
+        old_meta = sc.read_sidecar(sidecar_path) if sidecar_path.is_file() else None
         table_meta = dict(old_meta.tables) if isinstance(old_meta, sc.SidecarV2) else {}
         for op in family_ops:
-            schema = schema_for_op(op)
-            previous = table_meta.get(schema.name)
-            if previous is not None and previous.collector_hash != digest:
-                raise InputError(
-                    f"{old_dir / sc.SIDECAR}: {schema.name} holds collector_hash {previous.collector_hash}, "
-                    f"the runs have {digest}; merge into another TABLES or re-collect"
-                )
-            new = pa.concat_tables([_new_candidates(r, op, schema) for r in runs if op in r.plan_cases])
-            new_events = _events(runs, op, new)
-            old = _old_candidates(old_dir, schema)
-            chosen = latest_per_case(pa.concat_tables([old, new]) if old is not None else new)
-            del new, old
-            perf, failures = build_outputs(target, schema, chosen)
-            del chosen
-            perf_name, failures_name, plan_name = table_files(schema.name)
-            planned = pa.concat_tables(
-                ([pq.read_table(old_dir / plan_name)] if (old_dir / plan_name).is_file() else [])
-                + [
-                    pa.table(
-                        {
-                            "case_id": r.plan_cases[op]["case_id"],
-                            "plan_hash": pa.array([r.plan_hash] * r.plan_cases[op].num_rows, pa.string()),
-                        }
-                    )
-                    for r in runs
-                    if op in r.plan_cases
-                ]
+            name = schema_for_op(op).name
+            table_meta[name], table = _merge_table(
+                target, runs, op, tables, staging, table_meta.get(name), digest, collector_ref
             )
-            planned = latest_per_case_id(planned)
-            perf_bytes = _parquet_bytes(perf)
-            staging.write(f"{directory}/{perf_name}", perf_bytes)
-            staging.write(f"{directory}/{failures_name}", _parquet_bytes(failures))
-            staging.write(f"{directory}/{plan_name}", _parquet_bytes(planned))
-            ids = planned["case_id"].to_pylist()
-            covered = pc.is_in(
-                planned["case_id"],
-                value_set=pa.concat_arrays([perf["case_id"].combine_chunks(), failures["case_id"].combine_chunks()]),
-            )
-            status = "complete" if pc.all(covered).as_py() in (True, None) else "partial"
-            events = {e.run_id: e for e in (previous.events if previous else [])}
-            events.update({e.run_id: e for e in new_events})
-            table_meta[schema.name] = sc.TableMeta(
-                file_sha256=hashlib.sha256(perf_bytes).hexdigest(),
-                rows=perf.num_rows,
-                failures=failures.num_rows,
-                status=status,
-                collector_ref=_collector_ref(tree, digest),
-                collector_hash=digest,
-                case_plan_hash=hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest(),
-                events=sorted(events.values(), key=lambda e: e.collected_at),
-            )
-            written.append(TableWritten(f"{directory}/{perf_name}", perf.num_rows, failures.num_rows, status))
+            written.append(table)
         clock = [c for r in runs for c in r.records["stats.sm_clock_mhz"].to_pylist() if c is not None]
         meta = sc.SidecarV2(
             schema_version=2,
@@ -391,13 +299,3 @@ def _merge_target(
         )
         staging.write(f"{directory}/{sc.SIDECAR}", sc.dump_sidecar(meta).encode())
     return written
-
-
-def latest_per_case_id(planned: pa.Table) -> pa.Table:
-    """Planned case IDs without repeats (the newest plan's hash kept), sorted by case ID."""
-    ordered = planned.sort_by([("case_id", "ascending")])
-    ids = ordered["case_id"].combine_chunks()
-    if len(ids) == 0:
-        return ordered
-    keep = pa.concat_arrays([pc.not_equal(ids.slice(0, len(ids) - 1), ids.slice(1)), pa.array([True])])
-    return ordered.filter(keep)
