@@ -107,3 +107,12 @@ def test_device_and_plan_mismatches_exit_2(tmp_path):
     assert missing.returncode == 2 and "nope.json: cannot read plan" in missing.stderr
     unknown = run_cli("collect", "onnx", "--local", "--device", "cpu", "--ops", "comm")
     assert unknown.returncode == 2 and "--backend: unknown backend 'onnx'" in unknown.stderr
+
+
+def test_run_refuses_another_framework_version(tmp_path):
+    plan = gemm_plan(tmp_path / "plan.json", [(1, 8, 8)])
+    done = run_cli(
+        "run", "--plan", str(plan), "--out", str(tmp_path / "run"), "--device", "cpu", "--expect-version", "0.0.1"
+    )
+    assert done.returncode == 2
+    assert "is installed, the pin says 0.0.1" in done.stderr and done.stderr.strip().count("\n") == 0

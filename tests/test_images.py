@@ -245,3 +245,14 @@ def test_input_hash_follows_its_inputs(tree_copy):
     assert plan_build(tree, "vllm").input_hash != base
     other = plan_build(tree, "vllm", base_image="vllm/vllm-openai:v0.25.0@sha256:" + "1" * 64)
     assert other.input_hash != base and other.version is None
+
+
+def test_failed_build_prints_the_failing_step_and_exits_2(docker_client, tree_copy):
+    dockerfile = tree_copy / "images" / "torch" / "Dockerfile"
+    text = dockerfile.read_text().replace("COPY dist/", "RUN echo about to fail && exit 3\nCOPY dist/", 1)
+    dockerfile.write_text(text)
+    done = _build(root=tree_copy)
+    assert done.returncode == 2
+    assert "failed: The command '/bin/sh -c echo about to fail && exit 3' returned a non-zero code: 3" in done.stderr
+    assert "RUN echo about to fail && exit 3" in done.stderr and "about to fail" in done.stderr  # the step's log
+    assert _leftovers(docker_client) == []
