@@ -33,10 +33,10 @@ FAILED = (("case_id", pa.string()), ("error_class", pa.string()), ("message", pa
 SWEEP_AXIS = {
     "gemm": "m",
     "attention_context": "isl",
-    "attention_generation": "step",
+    "attention_generation": "batch_size",
     "moe": "num_tokens",
     "mla_context": "isl",
-    "mla_generation": "step",
+    "mla_generation": "batch_size",
     "comm": "message_size",
 }
 ARROW_TYPES = {str: pa.string(), int: pa.int64()}

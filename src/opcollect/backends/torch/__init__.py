@@ -112,6 +112,11 @@ def measure(op: str, dispatch: str, cases: list, device: str, config: TimingConf
         )
         _measured_cases += 1
         results.append(Measured(stats, kernel))
+        if timing.is_cuda(device):
+            import torch
+
+            # the caching allocator keeps this case's blocks; the next capacity check must see them free
+            torch.cuda.empty_cache()
     return results
 
 

@@ -20,6 +20,7 @@ from opcollect.runtime.harness import (
 L2_MULTIPLE = 3
 MAX_ROTATION = 64
 GRAPH_SAMPLE_SECONDS = 1e-3  # one graph replay lasts about this long
+GRAPH_MAX_CALLS = 256  # captured calls per graph: enough to hide launch gaps, few enough to capture fast
 FIRST_CASE_WARMUP_SECONDS = 1.0  # lets clocks ramp before the first case of a worker
 
 
@@ -72,7 +73,9 @@ def _measure_cuda(
         for _ in range(3):  # lazy init, autotuning and allocator growth happen outside the graph
             prepared.call()
         stream.synchronize()
-        calls = max(copies, calls_for(lambda: _synced(prepared.call, stream), GRAPH_SAMPLE_SECONDS))
+        calls = max(
+            copies, min(GRAPH_MAX_CALLS, calls_for(lambda: _synced(prepared.call, stream), GRAPH_SAMPLE_SECONDS))
+        )
         if flush is not None:
             calls = 1  # each sample flushes the L2, then times one call
         graph = _capture(prepared, calls, stream) if prepared.graph_safe and flush is None else None
