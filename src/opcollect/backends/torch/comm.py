@@ -1,8 +1,9 @@
 """All-reduce with torch.distributed: gloo between CPU processes, NCCL across GPUs.
 
 One task times every message size of one (dtype, num_gpus) group: starting the ranks costs seconds.
-Each sample is a barrier, one all_reduce, and the maximum of the ranks' times. The stopping rule runs
-on identical numbers in every rank (its clock is the sum of those maxima), so all ranks stop together.
+Each sample is a barrier, K back-to-back all_reduces, and the maximum of the ranks' times per call. The
+stopping rule runs on identical numbers in every rank (its clock is the sum of those maxima), so all
+ranks stop together.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from opcollect.runtime.harness import TimingConfig, sample_until_stable, summari
 
 ELEMENT_BYTES = {"float32": 4, "half": 2, "bfloat16": 2}
 RANK_START_SECONDS = 120.0
+SAMPLE_SECONDS = 2e-3  # one sample: enough back-to-back all_reduces to last about this long
+MAX_CALLS_PER_SAMPLE = 100
 
 
 def footprint(case) -> int:
@@ -109,20 +112,29 @@ def _time_one(case: dict, device: str, cuda: bool, config: TimingConfig, dist, t
     worst = torch.zeros(1, dtype=torch.float64, device=device)
     spent = [0.0]
 
-    def sample() -> float:
+    def timed(calls: int) -> float:
+        """Seconds per all_reduce over ``calls`` back-to-back ones, the maximum over the ranks."""
         dist.barrier()
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        dist.all_reduce(tensor)
+        for _ in range(calls):
+            dist.all_reduce(tensor)
         if cuda:
             torch.cuda.synchronize()
-        worst.fill_(time.perf_counter() - start)
+        worst.fill_((time.perf_counter() - start) / calls)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        value = float(worst.item())
-        spent[0] += value
+        return float(worst.item())
+
+    timed(1)
+    # every rank sees the same maximum, so every rank picks the same number of calls per sample
+    calls = max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_SECONDS / max(timed(1), 1e-7))))
+
+    def sample() -> float:
+        value = timed(calls)
+        spent[0] += value * calls
         return value
 
     raw = sample_until_stable(sample, config, clock=lambda: spent[0])
-    stats = summarize(raw, "eager" if cuda else "cpu", 1, threads=1 if not cuda else None)
+    stats = summarize(raw, "eager" if cuda else "cpu", calls, threads=1 if not cuda else None)
     return Measured(stats, "nccl" if cuda else "gloo")
