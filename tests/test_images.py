@@ -27,6 +27,21 @@ def _tag(stdout: str) -> str:
     return stdout.strip().splitlines()[-1].split()[0]  # the summary line: "<tag> (built|cache hit in ...)"
 
 
+def _collect(tmp_path, *args):
+    """`opcollect collect torch` on the local base, with its run directory and tables in tmp_path."""
+    return run_cli(
+        "collect",
+        "torch",
+        "--base-image",
+        LOCAL,
+        *args,
+        "--out",
+        str(tmp_path / "run"),
+        "--tables",
+        str(tmp_path / "tables"),
+    )
+
+
 def _build(*args, root=None):
     extra = ["--root", str(root)] if root else []
     return run_cli("build", "torch", "--base-image", LOCAL, *extra, *args)
@@ -73,19 +88,7 @@ def test_build_cache_hit_and_rebuild_after_a_source_edit(docker_client, tree_cop
 
 def test_containerized_smoke_collection_merges_checks_and_verifies(docker_client, tmp_path):
     run_dir, tables = tmp_path / "run", tmp_path / "tables"
-    done = run_cli(
-        "collect",
-        "torch",
-        "--base-image",
-        LOCAL,
-        "--device",
-        "cpu",
-        "--smoke",
-        "--out",
-        str(run_dir),
-        "--tables",
-        str(tables),
-    )
+    done = _collect(tmp_path, "--device", "cpu", "--smoke")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     records = read_records(run_dir)
     assert len(records) >= 20 and all(r["status"] == "ok" for r in records)
@@ -99,22 +102,7 @@ def test_containerized_smoke_collection_merges_checks_and_verifies(docker_client
 
 def test_failed_run_removes_its_container(docker_client, tmp_path):
     # a plan for SM 90 refused by the runtime on the CPU inside the container
-    done = run_cli(
-        "collect",
-        "torch",
-        "--base-image",
-        LOCAL,
-        "--device",
-        "cpu",
-        "--sm",
-        "90",
-        "--ops",
-        "comm",
-        "--out",
-        str(tmp_path / "run"),
-        "--tables",
-        str(tmp_path / "tables"),
-    )
+    done = _collect(tmp_path, "--device", "cpu", "--sm", "90", "--ops", "comm")
     assert done.returncode == 2 and "exited with code 2" in done.stderr
     assert "the plan is for sm 90 but cpu is sm cpu" in done.stdout
     assert _leftovers(docker_client) == []
@@ -165,22 +153,7 @@ def test_interrupted_container_run_resumes_to_a_complete_table(docker_client, tm
 
 
 def test_gpu_request_without_nvidia_runtime_is_one_line(docker_client, tmp_path):
-    done = run_cli(
-        "collect",
-        "torch",
-        "--base-image",
-        LOCAL,
-        "--device",
-        "cuda",
-        "--sm",
-        "90",
-        "--ops",
-        "comm",
-        "--out",
-        str(tmp_path / "run"),
-        "--tables",
-        str(tmp_path / "tables"),
-    )
+    done = _collect(tmp_path, "--device", "cuda", "--sm", "90", "--ops", "comm")
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "no NVIDIA runtime" in done.stderr
     assert _leftovers(docker_client) == []

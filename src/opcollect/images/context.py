@@ -154,36 +154,30 @@ def build_wheel(tree: ProjectTree, collector: str, dest: Path) -> Path:
     return wheel
 
 
-def download_requirements(python_tag: str, dest: Path) -> None:
-    """Wheels of the runtime requirements for a base image's CPython (e.g. '311'), for offline builds."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--only-binary=:all:",
-            "--python-version",
-            python_tag,
-            "--implementation",
-            "cp",
-            "--platform",
-            "manylinux2014_x86_64",
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "-d",
-            str(dest),
-            *RUNTIME_REQUIREMENTS,
-        ],
-        capture_output=True,
-        text=True,
-    )
+def download_wheels(requirements: tuple[str, ...], python_tag: str, dest: Path) -> None:
+    """Binary wheels of ``requirements`` for a base image's CPython (e.g. '311') on x86-64 Linux, for builds
+    that install without an index."""
+    platforms = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--only-binary=:all:",
+        "--python-version",
+        python_tag,
+        "--implementation",
+        "cp",
+        *(arg for p in platforms for arg in ("--platform", p)),
+        "-d",
+        str(dest),
+        *requirements,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        raise InputError(
-            f"downloading runtime wheels for cp{python_tag} failed: "
-            f"{done.stderr.strip().splitlines()[-1:] or done.stdout[-200:]}"
-        )
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        raise InputError(f"downloading wheels of {', '.join(requirements)} for cp{python_tag} failed: {tail}")
 
 
 def render_context(plan: BuildPlan, tree: ProjectTree, dest: Path, python_tag: str | None = None) -> Path:
@@ -195,5 +189,5 @@ def render_context(plan: BuildPlan, tree: ProjectTree, dest: Path, python_tag: s
     (dest / "requirements.txt").write_text("\n".join(RUNTIME_REQUIREMENTS) + "\n")
     build_wheel(tree, plan.collector_hash, dest / "dist")
     if python_tag:
-        download_requirements(python_tag, dest / "wheels")
+        download_wheels(RUNTIME_REQUIREMENTS, python_tag, dest / "wheels")
     return dest

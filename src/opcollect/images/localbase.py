@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from opcollect.errors import InputError
+from opcollect.images.context import download_wheels
 from opcollect.images.engine import connect
 from opcollect.project import ProjectTree
 
@@ -82,28 +82,7 @@ def build_local_base(tree: ProjectTree, force: bool = False, say: Callable[[str]
         wheels.mkdir()
         (wheels / "requirements.txt").write_text("\n".join(TORCH_REQUIREMENTS) + "\n")
         say(f"pip download {' '.join(TORCH_REQUIREMENTS)} for cp{PYTHON_TAG}")
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--only-binary=:all:",
-                "--python-version",
-                PYTHON_TAG,
-                "--implementation",
-                "cp",
-                "--platform",
-                "manylinux_2_28_x86_64",
-                "--platform",
-                "manylinux2014_x86_64",
-                "-d",
-                str(wheels),
-                *TORCH_REQUIREMENTS,
-            ],
-            "downloading the torch wheels",
-        )
+        download_wheels(TORCH_REQUIREMENTS, PYTHON_TAG, wheels)
         shutil.copy(tree.images / "local" / "Dockerfile", context / "Dockerfile")
         say(f"building {TORCH_IMAGE}")
         for chunk in client.api.build(

@@ -17,19 +17,10 @@ import pyarrow.json as pajson
 from opcollect.errors import InputError
 from opcollect.plans.planfile import FORMAT, read_plan_json
 from opcollect.runtime.shards import read_lines, shard_paths
-from opcollect.tables.schema import schema_for_op
+from opcollect.tables.schema import MEASURED, schema_for_op
 
-STATS = pa.struct(
-    [
-        ("latency", pa.float64()),
-        ("latency_p25", pa.float64()),
-        ("latency_p75", pa.float64()),
-        ("samples", pa.int64()),
-        ("noise", pa.float64()),
-        ("timing", pa.string()),
-        ("sm_clock_mhz", pa.float64()),
-    ]
-)
+# the measured columns of every perf table, as a record's stats carry them, plus the SM clock
+STATS = pa.struct([(name, kind) for name, kind in MEASURED if name != "case_id"] + [("sm_clock_mhz", pa.float64())])
 RUNTIME_FIELDS = (
     "runtime_id",
     "framework",
