@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -184,3 +185,29 @@ def test_sidecar_reader_is_strict_and_reads_legacy(tables, tmp_path):
 
 def test_reference_tables_pass_the_rules_that_apply():
     assert [f.render() for f in check_tables(REFERENCE) if not f.warning] == []
+
+
+def test_a_schema_break_in_one_table_does_not_hide_another_tables_findings(tmp_path):
+    """context and generation attention share a sidecar: R1 in the first must not skip R2 in the second."""
+    from opcollect.plans.attention import AttentionCase
+
+    tables = tmp_path / "tables"
+    ctx = [AttentionCase(b, 16, 8, 1, 64, 1, "bfloat16", "bfloat16", 0, 0) for b in (1, 2)]
+    gen = [AttentionCase(b, 1, 8, 1, 64, 1, "bfloat16", "bfloat16", 127, 0) for b in (1, 2)]
+    merge(
+        [
+            fake_run(tmp_path / "c", ctx, op="attention_context", run_id="c"),
+            fake_run(tmp_path / "g", gen, op="attention_generation", run_id="g"),
+        ],
+        tables,
+        find_project(),
+    )
+    directory = tables / "h200_sxm/attention/vllm/0.24.0"
+    context = directory / "context_attention_perf.parquet"
+    pq.write_table(pq.read_table(context).drop_columns(["noise"]), context)
+    generation = directory / "generation_attention_perf.parquet"
+    table = pq.read_table(generation)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), generation)
+    rules = {(f.rule, Path(f.path).name) for f in check_tables(tables)}
+    assert ("R1", "context_attention_perf.parquet") in rules
+    assert ("R2", "generation_attention_perf.parquet") in rules

@@ -139,8 +139,11 @@ def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: fl
             continue
         perf, failures, planned = (pq.read_table(p) for p in paths)
         path = paths[0]
-        found += _r1(path, perf, schema.perf, legacy=False) + _r1(paths[1], failures, schema.failures, legacy=False)
-        if found and found[-1].rule == "R1":
+        schema_findings = _r1(path, perf, schema.perf, legacy=False) + _r1(
+            paths[1], failures, schema.failures, legacy=False
+        )
+        found += schema_findings
+        if schema_findings:  # the other rules read columns this table may lack
             continue
         found += _r2(path, perf, schema) + _r3(path, perf, legacy=False)
         found += _r4(path, perf, failures, planned, partial=entry.status == "partial")
