@@ -18,6 +18,13 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def _ops(text: str | None) -> tuple[str, ...]:
+    """--ops a,b as a tuple; every op when absent."""
+    from opcollect.plans.ops import OPS
+
+    return tuple(o.strip() for o in text.split(",") if o.strip()) if text else tuple(OPS)
+
+
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="plan on the CPU: which cases a backend times on an SM")
     p.add_argument("--backend", default="torch", help="torch, vllm, sglang, trtllm or all (default torch)")
@@ -43,7 +50,6 @@ def _add_plan(sub) -> None:
 
 def cmd_plan(args) -> int:
     from opcollect.plans.base import BACKENDS, SMS
-    from opcollect.plans.ops import OPS
     from opcollect.plans.planfile import write_plan
     from opcollect.plans.planner import Planner, PlanOptions
     from opcollect.plans.report import render, summary, write_tables
@@ -54,7 +60,7 @@ def cmd_plan(args) -> int:
     pairs = [(b, s) for b in backends for s in sms]
     if args.output and len(pairs) > 1:
         raise InputError("-o writes one plan: give one --backend and one --sm, not all")
-    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else tuple(OPS)
+    ops = _ops(args.ops)
     options = PlanOptions(ops=ops, smoke=args.smoke, case_filter=args.case_filter, shard=args.shard)
     planner = Planner(find_project(args.root), tuple(args.model_config))
     summaries = []
@@ -180,12 +186,11 @@ def _add_collect(sub) -> None:
 def cmd_collect(args) -> int:
     from opcollect.collect import CollectRequest, collect_in_container, collect_local, finish
     from opcollect.images.container import Interrupted
-    from opcollect.plans.ops import OPS
     from opcollect.plans.planner import PlanOptions
     from opcollect.project import find_project
     from opcollect.runtime.run import describe, describe_run_dir
 
-    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else tuple(OPS)
+    ops = _ops(args.ops)
     request = CollectRequest(
         backend=args.backend,
         sm=args.sm,

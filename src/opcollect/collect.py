@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opcollect.errors import InputError
@@ -77,7 +77,7 @@ def prepare(tree: ProjectTree, request: CollectRequest) -> Prepared:
 
 def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
     prepared = prepare(tree, request)
-    options = RunOptions(**{**request.run_options.__dict__, "device": prepared.kind, "resume": prepared.resume})
+    options = replace(request.run_options, device=prepared.kind, resume=prepared.resume)
     return run_plan(prepared.plan_path, prepared.run_dir, options)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,14 @@ class ProjectTree:
     @property
     def package(self) -> Path:
         return self.root / "src" / "opcollect"
+
+    def git(self, *args: str) -> str | None:
+        """What `git ARGS` prints in this checkout, or None when git or the repository does not answer."""
+        try:
+            done = subprocess.run(["git", "-C", str(self.root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
 
 
 def find_project(root: Path | None = None) -> ProjectTree:

@@ -56,14 +56,6 @@ class BuildPlan:
         }
 
 
-def _git(tree: ProjectTree, *args: str) -> str:
-    try:
-        done = subprocess.run(["git", "-C", str(tree.root), *args], capture_output=True, text=True, timeout=10)
-    except OSError:
-        return "unknown"
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
-
-
 def input_hash(base_image: str, base_digest: str, dockerfile: bytes, pyproject: bytes, collector: str) -> str:
     digest = hashlib.sha256()
     for part in (
@@ -102,10 +94,10 @@ def plan_build(
             raise InputError(f"--base-image {base_image}: a local image needs the Docker engine to identify it")
         base, digest, local = base_image, local_image_id(base_image), True
     collector = collector_hash(tree.root)
-    source = _git(tree, "config", "--get", "remote.origin.url")
+    source = tree.git("config", "--get", "remote.origin.url") or "unknown"
     labels = {
-        "created": _git(tree, "log", "-1", "--format=%cI"),
-        "revision": _git(tree, "rev-parse", "HEAD"),
+        "created": tree.git("log", "-1", "--format=%cI") or "unknown",
+        "revision": tree.git("rev-parse", "HEAD") or "unknown",
         "source": source,
         "pins_entry_hash": entry_hash,
     }

@@ -57,7 +57,10 @@ EMBEDDED = Path(__file__).resolve().parents[1] / "collector_hash.txt"
 def installed_collector_hash() -> str | None:
     """The collector hash of the code that is running: from the checkout it was installed from, or,
     in an installed wheel, the hash written into the package when the wheel was built."""
-    root = Path(__file__).resolve().parents[3]
-    if (root / "cases" / "base_ops").is_dir() and (root / "src" / "opcollect").is_dir():
-        return collector_hash(root)
-    return EMBEDDED.read_text().strip() if EMBEDDED.is_file() else None
+    from opcollect.errors import InputError
+    from opcollect.project import find_project
+
+    try:
+        return collector_hash(find_project().root)
+    except InputError:  # no checkout around the package: an installed wheel
+        return EMBEDDED.read_text().strip() if EMBEDDED.is_file() else None

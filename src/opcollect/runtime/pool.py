@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -46,7 +46,6 @@ class _Worker:
     runtime_id: str = ""  # names this worker process's identity in the shards
     task: Task | None = None
     deadline: float = 0.0
-    started: float = field(default_factory=time.monotonic)
 
 
 def _signal_name(returncode: int | None) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,13 +112,7 @@ def _collector_ref(tree: ProjectTree | None, wanted: str) -> str | None:
     """The git commit of the checkout, when its collector source is the one the runs used."""
     if tree is None or collector_hash(tree.root) != wanted:
         return None
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(tree.root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-    except OSError:
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return tree.git("rev-parse", "HEAD")
 
 
 def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[sc.Event]:

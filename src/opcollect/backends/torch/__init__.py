@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from functools import partial
 
 from opcollect.backends.torch import attention, comm, gemm, mla, moe, timing
 from opcollect.runtime.contract import KernelLimit, Measured
@@ -72,30 +73,26 @@ def free_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+# per op: the bytes one measurement allocates, and the runner that prepares it for a number of input copies
+RUNNERS = {
+    "gemm": (gemm.footprint, gemm.prepare),
+    "attention_context": (partial(attention.footprint, context=True), partial(attention.prepare, context=True)),
+    "attention_generation": (partial(attention.footprint, context=False), partial(attention.prepare, context=False)),
+    "moe": (moe.footprint, moe.prepare),
+    "mla_context": (partial(mla.footprint, context=True), partial(mla.prepare, context=True)),
+    "mla_generation": (partial(mla.footprint, context=False), partial(mla.prepare, context=False)),
+    "comm": (comm.footprint, None),  # timed a whole row at a time by comm.measure_row
+}
+
+
+def _runner(op: str):
+    if op not in RUNNERS:
+        raise KernelLimit(f"the torch backend has no runner for op {op!r}")
+    return RUNNERS[op]
+
+
 def footprint(op: str, case) -> int:
-    if op == "gemm":
-        return gemm.footprint(case)
-    if op in ("attention_context", "attention_generation"):
-        return attention.footprint(case, context=op == "attention_context")
-    if op == "moe":
-        return moe.footprint(case)
-    if op in ("mla_context", "mla_generation"):
-        return mla.footprint(case, context=op == "mla_context")
-    if op == "comm":
-        return comm.footprint(case)
-    raise KernelLimit(f"the torch backend has no runner for op {op!r}")
-
-
-def _preparer(op: str, case, dispatch: str, device: str):
-    if op == "gemm":
-        return lambda copies: gemm.prepare(case, dispatch, device, copies)
-    if op in ("attention_context", "attention_generation"):
-        return lambda copies: attention.prepare(case, dispatch, device, copies, context=op == "attention_context")
-    if op == "moe":
-        return lambda copies: moe.prepare(case, dispatch, device, copies)
-    if op in ("mla_context", "mla_generation"):
-        return lambda copies: mla.prepare(case, dispatch, device, copies, context=op == "mla_context")
-    raise KernelLimit(f"the torch backend has no runner for op {op!r}")
+    return _runner(op)[0](case)
 
 
 _measured_cases = 0
@@ -107,8 +104,9 @@ def measure(op: str, dispatch: str, cases: list, device: str, config: TimingConf
         return comm.measure_row(cases, device, config)
     results = []
     for case in cases:
+        size, prepare = _runner(op)
         stats, kernel = timing.measure(
-            _preparer(op, case, dispatch, device), footprint(op, case), device, config, first_case=_measured_cases == 0
+            partial(prepare, case, dispatch, device), size(case), device, config, first_case=_measured_cases == 0
         )
         _measured_cases += 1
         results.append(Measured(stats, kernel))
