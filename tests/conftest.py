@@ -50,6 +50,11 @@ def planner(project) -> Planner:
     return Planner(project)
 
 
+def cases_of(selection) -> list:
+    """The typed cases a plan keeps for one op, in run order."""
+    return list(map(selection.op.case_type._make, selection.values))
+
+
 @pytest.fixture
 def tree_copy(tmp_path) -> Path:
     """A writable copy of the project's declared inputs (cases, systems, pins, package source)."""
@@ -78,6 +83,8 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 
 
 TESTS = Path(__file__).resolve().parent
+# a slice of the aiconfigurator H200 reference tables, so a fresh clone tests without ../shared
+REFERENCE = TESTS / "data" / "reference" / "aiconfigurator-h200"
 
 
 def gemm_plan(path: Path, shapes: list[tuple[int, int, int]], backend: str = "torch", dtype: str = "float32") -> Path:

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, fake_run, run_cli
+from conftest import REFERENCE, fake_run, run_cli
 
 from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
@@ -22,7 +22,6 @@ from opcollect.tables.verify import verify_tables
 
 CASES = [GemmCase("bfloat16", m, n, 1024) for m in (1, 8, 64) for n in (1024, 2048)]
 DIR = "h200_sxm/gemm/vllm/0.24.0"
-REFERENCE = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from conftest import ROOT, gemm_plan, run_cli
+from conftest import REFERENCE, ROOT, gemm_plan, run_cli
 
 from opcollect.runtime.rundir import read_records
 
@@ -53,14 +53,13 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
     # real tables: they pass check and verify, and lead with the reference tables' columns and types
     assert run_cli("check", str(tables)).returncode == 0
     assert run_cli("verify", str(tables)).returncode == 0
-    reference = ROOT.parent / "shared" / "reference" / "aiconfigurator-h200"
     for ours, theirs in (
         ("cpu/gemm/torch", "gemm/vllm/0.24.0/gemm_perf.parquet"),
         ("cpu/attention/torch", "attention/sglang/0.5.14/context_attention_perf.parquet"),
         ("cpu/attention/torch", "attention/sglang/0.5.14/generation_attention_perf.parquet"),
     ):
         [path] = list((tables / ours).glob(f"*/{Path(theirs).name}"))
-        mine, ref = pq.read_schema(path), pq.read_schema(reference / theirs)
+        mine, ref = pq.read_schema(path), pq.read_schema(REFERENCE / theirs)
         assert [(f.name, f.type) for f in mine][: len(ref)] == [(f.name, f.type) for f in ref]
     assert "tables in" in done.stdout and "0 violations" in done.stdout
     # a second collect of the same plan resumes: nothing left to measure
