@@ -1,0 +1,703 @@
+#!/usr/bin/env python3
+"""Plant one small bug at a time in a copy of the project and check that the tests notice it.
+
+Each mutant is a source file under src/opcollect, an exact snippet in it, its replacement, a short name
+and the narrowest tests that should catch it. For each mutant the project's declared inputs (src, cases,
+systems, images, tests, pins.yaml, pyproject.toml, README.md) are copied into a temporary directory, the
+one replacement is applied there (the snippet must occur exactly once), and
+
+    python -m pytest -x -q -p no:cacheprovider <tests>
+
+runs in the copy with PYTHONPATH=<copy>/src, so the copy's code is imported (find_project() follows the
+package location, so the copy's cases/ and tests/ are used too). The checkout itself is never modified.
+A mutant is caught when its tests fail (or hang past the timeout), missed when they pass.
+
+    .venv/bin/python scripts/mutants.py                 # all mutants, one line each, then the score
+    .venv/bin/python scripts/mutants.py --only NAME     # one mutant (repeatable)
+    .venv/bin/python scripts/mutants.py --check         # only check that every snippet is found once
+    .venv/bin/python scripts/mutants.py --list
+
+Before the mutants, a baseline runs every mutant's tests on an unmodified copy: a test that already
+fails would "catch" anything, so a failing baseline stops the script (``--no-baseline`` skips it).
+Always exits 0 unless the script itself cannot run (a snippet not found exactly once, a failing baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED_DIRS = ("src", "cases", "systems", "images", "tests")
+COPIED_FILES = ("pins.yaml", "pyproject.toml", "README.md")
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".ruff_cache")
+
+PLANS = "tests/test_planted_plans.py"
+RUNTIME = "tests/test_planted_runtime.py"
+POOL = "tests/test_planted_pool.py"
+TABLES = "tests/test_planted_tables.py"
+IMAGES = "tests/test_planted_images.py"
+SAFETY = "tests/test_data_safety.py"
+BAD = "tests/test_bad_inputs.py::test_bad_input_is_one_line_and_exit_2[resume-nothing-there]"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # under src/opcollect
+    old: str
+    new: str
+    tests: tuple[str, ...]  # test files or node IDs, relative to the project root
+
+
+def m(name: str, path: str, old: str, new: str, *tests: str) -> Mutant:
+    return Mutant(name, path, old, new, tests)
+
+
+MUTANTS: list[Mutant] = [
+    # ---- plans: hashes, skips, shards, case IDs, dispatch, MoE splits ------------------------------
+    m(
+        "plan-hash-ignores-dispatch",
+        "plans/hashes.py",
+        'return list(map("%s\\t%s".__mod__, zip(ids, dispatch)))',
+        'return list(map("%s".__mod__, ids))',
+        f"{PLANS}::test_plan_hash_changes_with_the_dispatch_of_an_unbatched_op",
+        f"{PLANS}::test_plan_hash_changes_when_the_planner_dispatches_differently",
+    ),
+    m(
+        "plan-hash-ignores-sm",
+        "plans/hashes.py",
+        'return [f"backend={backend}", f"sm={sm}"]',
+        'return [f"backend={backend}"]',
+        f"{PLANS}::test_plan_hash_changes_with_the_sm_for_the_same_cases",
+    ),
+    m(
+        "collector-hash-ignores-paths",
+        "plans/hashes.py",
+        'digest.update(f"{rel}\\0{len(content)}\\0".encode())',
+        'digest.update(f"{len(content)}\\0".encode())',
+        f"{PLANS}::test_collector_hash_changes_when_a_hashed_file_is_renamed",
+    ),
+    m(
+        "fp8-skip-misses-sm86",
+        "plans/skips.py",
+        'skip("fp8-needs-sm89", dtype="fp8", sm=["80", "86", "cpu"])',
+        'skip("fp8-needs-sm89", dtype="fp8", sm=["80", "cpu"])',
+        f"{PLANS}::test_fp8_gemm_is_not_planned_before_sm89",
+    ),
+    m(
+        "fp8-skip-covers-sm89",
+        "plans/skips.py",
+        'skip("fp8-needs-sm89", dtype="fp8", sm=["80", "86", "cpu"])',
+        'skip("fp8-needs-sm89", dtype="fp8", sm=["80", "86", "89", "cpu"])',
+        f"{PLANS}::test_fp8_gemm_is_planned_from_sm89",
+    ),
+    m(
+        "skip-model-matches-any-model",
+        "plans/skips.py",
+        "not all(m in allowed or architecture_of.get(m) in allowed for m in models)",
+        "not any(m in allowed or architecture_of.get(m) in allowed for m in models)",
+        f"{PLANS}::test_a_model_skip_leaves_shapes_another_model_also_needs",
+    ),
+    m(
+        "shard-index-may-equal-count",
+        "plans/planner.py",
+        "if count < 1 or not 0 <= index < count:",
+        "if count < 1 or not 0 <= index <= count:",
+        f"{PLANS}::test_shard_index_must_be_below_the_count",
+    ),
+    m(
+        "shard-batched-rows-off-by-one",
+        "plans/planner.py",
+        "rows = sorted(selection.rows, key=lambda r: r.row_id)[index::count]",
+        "rows = sorted(selection.rows, key=lambda r: r.row_id)[index + 1 :: count]",
+        f"{PLANS}::test_shards_partition_unbatched_and_batched_ops_and_keep_run_order",
+    ),
+    m(
+        "shard-loses-run-order",
+        "plans/planner.py",
+        "mine = sorted(order[index::count])",
+        "mine = order[index::count]",
+        f"{PLANS}::test_shards_partition_unbatched_and_batched_ops_and_keep_run_order",
+    ),
+    m(
+        "smoke-five-cases",
+        "plans/planner.py",
+        "SMOKE_CASES = 4",
+        "SMOKE_CASES = 5",
+        f"{PLANS}::test_smoke_plans_at_most_four_cases_per_op",
+    ),
+    m(
+        "case-id-drops-kv-cache-dtype",
+        "plans/base.py",
+        "if name == dtype_field:",
+        'if name.endswith("dtype"):',
+        f"{PLANS}::test_every_case_id_names_every_non_dtype_field",
+    ),
+    m(
+        "case-id-leading-comma",
+        "plans/base.py",
+        'body += ("," if "=" in body else "") + f"{name}=%s"',
+        'body += ("," if body else "") + f"{name}=%s"',
+        f"{PLANS}::test_case_id_reads_as_documented",
+    ),
+    m(
+        "sm-at-least-exclusive",
+        "plans/base.py",
+        'return sm != "cpu" and int(sm) >= minimum',
+        'return sm != "cpu" and int(sm) > minimum',
+        f"{PLANS}::test_sm_at_least_is_inclusive",
+        f"{PLANS}::test_dispatch_switches_at_the_documented_sm",
+    ),
+    m(
+        "moe-split-drops-pure-ep",
+        "plans/moe.py",
+        "if ep <= experts and experts % ep == 0 and inter % tp == 0:",
+        "if ep < experts and experts % ep == 0 and inter % tp == 0:",
+        PLANS + "::test_moe_pure_expert_parallel_split_is_kept",
+        PLANS + "::test_moe_splits_are_every_valid_tp_ep_pair",
+    ),
+    m(
+        "moe-split-uneven-experts",
+        "plans/moe.py",
+        "if ep <= experts and experts % ep == 0 and inter % tp == 0:",
+        "if ep <= experts and inter % tp == 0:",
+        PLANS + "::test_moe_pure_expert_parallel_split_is_kept",
+        PLANS + "::test_moe_splits_are_every_valid_tp_ep_pair",
+    ),
+    # ---- runtime: resume, failure classes, worker and pool, harness ---------------------------------
+    m(
+        "resume-takes-earliest-attempt",
+        "runtime/rundir.py",
+        'record.get("attempt", 1) >= previous.get("attempt", 1)',
+        'record.get("attempt", 1) <= previous.get("attempt", 1)',
+        f"{RUNTIME}::test_resume_takes_the_latest_attempt_across_shard_files",
+        f"{RUNTIME}::test_resume_takes_the_latest_attempt_within_one_shard",
+    ),
+    m(
+        "retry-failed-inverted",
+        "runtime/rundir.py",
+        "        if retry_failed:\n",
+        "        if not retry_failed:\n",
+        f"{RUNTIME}::test_retry_failed_runs_failed_cases_again_and_plain_resume_does_not",
+    ),
+    m(
+        "unrecorded-case-counts-one-attempt",
+        "runtime/rundir.py",
+        'return int(record.get("attempt", 1)) if record else 0',
+        'return int(record.get("attempt", 1)) if record else 1',
+        f"{RUNTIME}::test_tasks_skip_done_cases_and_number_attempts",
+    ),
+    m(
+        "tasks-ignore-recorded-cases",
+        "runtime/run.py",
+        "todo = tuple(cid for cid in row.case_ids if cid not in skip)",
+        "todo = tuple(row.case_ids)",
+        f"{RUNTIME}::test_tasks_skip_done_cases_and_number_attempts",
+    ),
+    m(
+        "tasks-repeat-the-attempt-number",
+        "runtime/run.py",
+        "attempt = 1 + max(attempts(cid) for cid in todo)",
+        "attempt = max(1, max(attempts(cid) for cid in todo))",
+        f"{RUNTIME}::test_tasks_skip_done_cases_and_number_attempts",
+    ),
+    m(
+        "corrupt-shard-line-ends-the-read",
+        "runtime/shards.py",
+        "            except ValueError:\n                continue\n",
+        "            except ValueError:\n                return\n",
+        f"{RUNTIME}::test_a_corrupt_line_inside_a_shard_is_skipped_not_the_rest",
+    ),
+    m(
+        "sticky-error-not-fatal",
+        "runtime/failures.py",
+        'return Failure("unexpected", _first_line(exc), fatal=True)',
+        'return Failure("unexpected", _first_line(exc), fatal=False)',
+        f"{RUNTIME}::test_sticky_cuda_errors_are_fatal",
+    ),
+    m(
+        "sticky-pattern-device-assert-missing",
+        "runtime/failures.py",
+        '    "device-side assert",\n',
+        "",
+        f"{RUNTIME}::test_sticky_cuda_errors_are_fatal",
+    ),
+    m(
+        "oom-only-by-exception-type",
+        "runtime/failures.py",
+        'if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text or isinstance(exc, MemoryError):',
+        'if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):',
+        f"{RUNTIME}::test_out_of_memory_is_oom_and_not_fatal",
+    ),
+    m(
+        "kernel-limit-pattern-only-supports-missing",
+        "runtime/failures.py",
+        '    "only supports",\n',
+        "",
+        f"{RUNTIME}::test_kernel_limit_messages",
+    ),
+    m(
+        "kernel-limit-ignores-not-implemented-error",
+        "runtime/failures.py",
+        "if isinstance(exc, NotImplementedError) or any(p in text for p in _LIMIT_PATTERNS):",
+        "if any(p in text for p in _LIMIT_PATTERNS):",
+        f"{RUNTIME}::test_kernel_limit_exceptions",
+    ),
+    m(
+        "worker-drops-fatal-flag",
+        "runtime/worker.py",
+        "fatal = failure.fatal",
+        "fatal = False",
+        f"{RUNTIME}::test_worker_marks_a_sticky_error_fatal_and_others_not",
+        f"{POOL}::test_a_sticky_cuda_error_replaces_the_worker",
+    ),
+    m(
+        "capacity-check-without-margin",
+        "runtime/worker.py",
+        "if need > CAPACITY_SHARE * free:",
+        "if need > free:",
+        f"{RUNTIME}::test_capacity_check_keeps_a_margin_of_the_free_memory",
+    ),
+    m(
+        "pool-ignores-fatal-answers",
+        "runtime/pool.py",
+        'if message.get("fatal"):',
+        'if message.get("fatal_error"):',
+        f"{POOL}::test_a_sticky_cuda_error_replaces_the_worker",
+    ),
+    m(
+        "pool-replaces-after-every-failure",
+        "runtime/pool.py",
+        'if message.get("fatal"):',
+        'if message.get("fatal") is not None:',
+        f"{POOL}::test_an_out_of_memory_error_keeps_the_worker",
+    ),
+    m(
+        "pool-timeout-recorded-as-crash",
+        "runtime/pool.py",
+        'self._fail(worker, "timeout", ',
+        'self._fail(worker, "crash", ',
+        f"{POOL}::test_a_hanging_case_times_out_and_the_next_runs_on_a_new_worker",
+    ),
+    m(
+        "latency-is-the-mean",
+        "runtime/harness.py",
+        "latency=median * 1e3,",
+        "latency=sum(raw.samples) / len(raw.samples) * 1e3,",
+        f"{RUNTIME}::test_latency_is_the_median_not_the_mean",
+    ),
+    m(
+        "quartiles-exclusive-method",
+        "runtime/harness.py",
+        'statistics.quantiles(samples, n=4, method="inclusive")',
+        "statistics.quantiles(samples, n=4)",
+        f"{RUNTIME}::test_p25_and_p75_are_the_inclusive_quartiles",
+    ),
+    m(
+        "quartiles-p25-p75-swapped",
+        "runtime/harness.py",
+        "    return p25, median, p75\n",
+        "    return p75, median, p25\n",
+        f"{RUNTIME}::test_p25_and_p75_are_the_inclusive_quartiles",
+    ),
+    m(
+        "one-sample-has-no-quartiles",
+        "runtime/harness.py",
+        "if len(samples) == 1:",
+        "if not samples:",
+        f"{RUNTIME}::test_a_single_sample_is_its_own_median_and_quartiles",
+    ),
+    m(
+        "noise-bound-exclusive",
+        "runtime/harness.py",
+        "if relative_iqr(kept) <= config.max_noise:",
+        "if relative_iqr(kept) < config.max_noise:",
+        f"{RUNTIME}::test_a_perfectly_quiet_case_stops_at_min_samples_even_with_zero_noise_allowed",
+    ),
+    m(
+        "default-noise-bound-two-percent",
+        "runtime/harness.py",
+        "max_noise: float = 0.01",
+        "max_noise: float = 0.02",
+        f"{RUNTIME}::test_default_noise_bound_is_one_percent",
+    ),
+    m(
+        "first-noise-check-one-sample-late",
+        "runtime/harness.py",
+        "next_check = config.min_samples\n",
+        "next_check = config.min_samples + 1\n",
+        f"{RUNTIME}::test_a_perfectly_quiet_case_stops_at_min_samples_even_with_zero_noise_allowed",
+    ),
+    # ---- tables: rules, merge, manifest, compare -----------------------------------------------------
+    m(
+        "r1-blind-to-column-order",
+        "tables/rules.py",
+        "if names != wanted:",
+        "if sorted(names) != sorted(wanted):",
+        f"{TABLES}::test_r1_notices_swapped_columns",
+    ),
+    m(
+        "r3-ignores-p75",
+        "tables/rules.py",
+        'order = pc.or_(pc.greater(table["latency_p25"], latency), pc.greater(latency, table["latency_p75"]))',
+        'order = pc.greater(table["latency_p25"], latency)',
+        f"{TABLES}::test_r3_notices_latency_above_p75",
+    ),
+    m(
+        "r4-ignores-failures-outside-the-plan",
+        "tables/rules.py",
+        'for name, table in (("rows", perf), ("failures", failures)):',
+        'for name, table in (("rows", perf),):',
+        f"{TABLES}::test_r4_notices_a_failure_outside_the_plan",
+    ),
+    m(
+        "r4-missing-cases-never-warnings",
+        "tables/rules.py",
+        "                warning=partial,\n",
+        "                warning=False,\n",
+        f"{TABLES}::test_a_table_with_unrecorded_cases_is_partial",
+    ),
+    m(
+        "r5-ignores-failure-count",
+        "tables/rules.py",
+        "if (perf.num_rows, failures.num_rows) != (entry.rows, entry.failures):",
+        "if perf.num_rows != entry.rows:",
+        f"{TABLES}::test_r5_notices_a_wrong_failure_count",
+    ),
+    m(
+        "r6-ignores-version",
+        "tables/rules.py",
+        '        ("version", version),\n',
+        "",
+        f"{TABLES}::test_r6_notices_a_wrong_version",
+    ),
+    m(
+        "merge-failure-replaces-measured-row",
+        "tables/candidates.py",
+        '("rank", "ascending")',
+        '("rank", "descending")',
+        f"{TABLES}::test_a_newer_measurement_replaces_an_older_one_and_a_failure_never_does",
+    ),
+    m(
+        "merge-oldest-record-wins",
+        "tables/candidates.py",
+        '("recorded_at", "ascending")',
+        '("recorded_at", "descending")',
+        f"{TABLES}::test_a_newer_measurement_replaces_an_older_one_and_a_failure_never_does",
+        f"{TABLES}::test_the_latest_record_wins_within_one_merge",
+    ),
+    m(
+        "merge-status-complete-with-gaps",
+        "tables/merge.py",
+        'pc.is_in(planned["case_id"], value_set=done)',
+        'pc.is_in(done, value_set=planned["case_id"])',
+        f"{TABLES}::test_a_table_with_unrecorded_cases_is_partial",
+    ),
+    m(
+        "merge-event-counts-swapped",
+        "tables/merge.py",
+        'rows=counts[(e["run_id"], True)],',
+        'rows=counts[(e["run_id"], False)],',
+        f"{TABLES}::test_sidecar_events_count_each_runs_rows_and_failures",
+    ),
+    m(
+        "manifest-keeps-stale-hashes",
+        "tables/store.py",
+        "if old is not None and rel not in self.written:",
+        "if old is not None:",
+        f"{TABLES}::test_a_newer_measurement_replaces_an_older_one_and_a_failure_never_does",
+    ),
+    m(
+        "compare-slowest-old-kernel",
+        "tables/compare.py",
+        'old = old.group_by(keys).aggregate([("old", "min")])',
+        'old = old.group_by(keys).aggregate([("old", "max")])',
+        f"{TABLES}::test_compare_takes_the_fastest_kernel_of_old_and_of_new",
+    ),
+    m(
+        "compare-slowest-new-kernel",
+        "tables/compare.py",
+        'new = new.group_by(keys).aggregate([("new", "min")])',
+        'new = new.group_by(keys).aggregate([("new", "max")])',
+        f"{TABLES}::test_compare_takes_the_fastest_kernel_of_old_and_of_new",
+    ),
+    m(
+        "compare-steps-across-kernels",
+        "tables/compare.py",
+        'others = [k for k in _key(schema) if k != axis] + ["kernel_source"]',
+        "others = [k for k in _key(schema) if k != axis]",
+        f"{TABLES}::test_non_monotonic_steps_are_found_per_kernel",
+    ),
+    # ---- images: the input hash and the base -----------------------------------------------------------
+    m(
+        "input-hash-ignores-base-digest",
+        "images/context.py",
+        "        base_digest.encode(),\n",
+        "",
+        f"{IMAGES}::test_local_base_id_enters_the_input_hash",
+        f"{IMAGES}::test_input_hash_covers_each_input",
+    ),
+    m(
+        "input-hash-ignores-pyproject",
+        "images/context.py",
+        "        pyproject,\n",
+        "",
+        f"{IMAGES}::test_input_hash_covers_each_input",
+    ),
+    m(
+        "local-base-id-not-asked",
+        "images/context.py",
+        "base, digest, local = base_image, local_image_id(base_image), True",
+        "base, digest, local = base_image, base_image, True",
+        f"{IMAGES}::test_local_base_id_enters_the_input_hash",
+    ),
+    m(
+        "pinned-base-by-tag-not-digest",
+        "images/context.py",
+        "base, digest, local = pin.image, pin.digest, False",
+        "base, digest, local = pin.name, pin.digest, False",
+        f"{IMAGES}::test_a_pinned_build_starts_from_the_image_by_digest",
+    ),
+    # ---- the floor: run identity, plan verification, merge lock and targets, path names -----------
+    m(
+        "content-hash-ignores-shard",
+        "plans/hashes.py",
+        "f\"shard={'none' if shard is None else f'{shard[0]}/{shard[1]}'}\",",
+        '"shard=any",',
+        f"{SAFETY}::test_a_shard_is_part_of_the_identity_even_when_it_holds_every_case",
+    ),
+    m(
+        "plan-ids-not-rederived",
+        "plans/planfile.py",
+        "        if template % value != case_id:",
+        "        if False:",
+        f"{SAFETY}::test_an_edited_plan_file_is_refused",
+    ),
+    m(
+        "plan-hash-not-recomputed",
+        "plans/planfile.py",
+        "if shard is None and plan_hash(plan_header(backend, sm), lines) != whole:",
+        "if False:",
+        f"{SAFETY}::test_an_edited_plan_file_is_refused",
+    ),
+    m(
+        "resume-identity-by-plan-hash-only",
+        "runtime/rundir.py",
+        'if held["content_hash"] != plan.content_hash:',
+        'if held["plan_hash"] != plan.plan_hash:',
+        f"{SAFETY}::test_shards_have_their_own_identity_and_merge_like_one_run",
+    ),
+    m(
+        "resume-of-nothing-accepted",
+        "runtime/rundir.py",
+        "    if resume and not run_dir.is_dir():",
+        "    if False:",
+        f"{BAD}",
+    ),
+    m(
+        "collect-resumes-any-selection",
+        "collect.py",
+        'if held["content_hash"] != data["content_hash"]:',
+        "if False:",
+        f"{SAFETY}::test_collect_out_of_another_selection_is_refused",
+    ),
+    m(
+        "merge-without-lock",
+        "tables/store.py",
+        "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "            pass",
+        f"{SAFETY}::test_a_held_lock_makes_merge_wait_naming_the_holder_or_refuse",
+    ),
+    m(
+        "merge-into-tampered-tree",
+        "tables/store.py",
+        "    if not report.clean:",
+        "    if False:",
+        f"{SAFETY}::test_merge_into_a_file_a_foreign_directory_or_a_tampered_tree_is_refused",
+    ),
+    m(
+        "merge-into-foreign-directory",
+        "tables/store.py",
+        "        if any(tables.iterdir()):",
+        "        if False:",
+        f"{SAFETY}::test_merge_into_a_file_a_foreign_directory_or_a_tampered_tree_is_refused",
+    ),
+    m(
+        "path-name-allows-leading-dot",
+        "names.py",
+        '_PATH_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}")',
+        '_PATH_NAME = re.compile(r"[A-Za-z0-9._+-][A-Za-z0-9._+-]{0,127}")',
+        f"{SAFETY}::test_a_crafted_version_never_becomes_a_path",
+    ),
+    m(
+        "version-not-checked",
+        "tables/merge.py",
+        "    path_name(version, f\"{run.run_dir / 'shards'}: runtime field 'version'\")",
+        "    pass",
+        f"{SAFETY}::test_a_crafted_version_never_becomes_a_path",
+    ),
+    m(
+        "run-json-backend-trusted",
+        "tables/ingest.py",
+        'held = (identity["content_hash"], identity["backend"], identity["collector_hash"])',
+        'held = (identity["content_hash"], verified.backend, identity["collector_hash"])',
+        f"{SAFETY}::test_run_json_altered_to_another_backend_is_refused",
+    ),
+    m(
+        "garbage-objects-not-counted",
+        "tables/ingest.py",
+        'garbage += lines.filter(pc.and_(pc.is_null(lines["case_id"]), pc.is_null(lines["kind"]))).num_rows',
+        "garbage += 0",
+        f"{SAFETY}::test_garbage_shard_lines_are_counted_in_the_output_and_the_sidecar",
+    ),
+]
+
+
+def _copy_project(dest: Path) -> None:
+    for name in COPIED_DIRS:
+        shutil.copytree(ROOT / name, dest / name, ignore=IGNORED)
+    for name in COPIED_FILES:
+        shutil.copy2(ROOT / name, dest / name)
+
+
+def _apply(copy: Path, mutant: Mutant) -> None:
+    path = copy / "src" / "opcollect" / mutant.path
+    text = path.read_text()
+    found = text.count(mutant.old)
+    if found != 1:
+        raise SystemExit(
+            f"mutant {mutant.name}: the snippet occurs {found} times in src/opcollect/{mutant.path} "
+            f"(need exactly 1); update it in scripts/mutants.py:\n{mutant.old}"
+        )
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def _env(copy: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
+    return env
+
+
+def _python() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def _check_import(python: str, copy: Path) -> None:
+    """The copy's package, not the checkout's, is what the tests will import."""
+    code = "import opcollect.project as p; print(p.find_project().root)"
+    done = subprocess.run([python, "-c", code], cwd=copy, env=_env(copy), capture_output=True, text=True)
+    found = done.stdout.strip()
+    if done.returncode or Path(found).resolve() != copy.resolve():
+        raise SystemExit(f"the copy does not import its own opcollect (got {found!r}): {done.stderr[-500:]}")
+
+
+def _pytest(
+    python: str, copy: Path, tests: tuple[str, ...], timeout: float, verbose: bool = False
+) -> tuple[str, float, str]:
+    """('passed' | 'failed' | 'timeout' | 'error', seconds, the first failure line)."""
+    start = time.monotonic()
+    cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        done = subprocess.run(cmd, cwd=copy, env=_env(copy), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - start, ""
+    seconds = time.monotonic() - start
+    lines = (done.stdout + done.stderr).splitlines()
+    if verbose:
+        print("\n".join(lines[-40:]), flush=True)
+    first = next((line for line in lines if line.startswith(("FAILED", "ERROR"))), lines[-1] if lines else "")
+    if done.returncode == 0:
+        return "passed", seconds, ""
+    if done.returncode in (1, 2):  # tests failed, or collection broke on the planted code
+        return "failed", seconds, first
+    return "error", seconds, "\n".join(lines[-15:])
+
+
+def _baseline(python: str, mutants: list[Mutant], timeout: float) -> None:
+    tests = tuple(dict.fromkeys(t for mutant in mutants for t in mutant.tests))
+    with tempfile.TemporaryDirectory(prefix="opcollect-mutant-base-") as tmp:
+        copy = Path(tmp)
+        _copy_project(copy)
+        outcome, seconds, detail = _pytest(python, copy, tests, timeout * 4)
+    if outcome != "passed":
+        raise SystemExit(f"baseline: the tests fail without any mutant ({outcome}): {detail}")
+    print(f"baseline  {len(tests)} tests pass unmodified ({seconds:.1f} s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant (repeatable)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default 120)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmodified run of the tests")
+    parser.add_argument("--check", action="store_true", help="only check that every snippet is found once")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of each pytest output")
+    args = parser.parse_args(argv)
+
+    names = [mutant.name for mutant in MUTANTS]
+    if len(set(names)) != len(names):
+        raise SystemExit("two mutants share a name")
+    chosen = MUTANTS
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            raise SystemExit(f"--only: unknown mutant {unknown[0]!r}; see --list")
+        chosen = [mutant for mutant in MUTANTS if mutant.name in args.only]
+    if args.list:
+        for mutant in chosen:
+            print(f"{mutant.name:45} src/opcollect/{mutant.path}")
+        return 0
+    for mutant in chosen:
+        if mutant.old == mutant.new:
+            raise SystemExit(f"mutant {mutant.name}: the replacement equals the snippet")
+        found = (ROOT / "src" / "opcollect" / mutant.path).read_text().count(mutant.old)
+        if found != 1:
+            raise SystemExit(
+                f"mutant {mutant.name}: the snippet occurs {found} times in src/opcollect/{mutant.path} "
+                f"(need exactly 1); update it in scripts/mutants.py:\n{mutant.old}"
+            )
+    if args.check:
+        print(f"{len(chosen)} snippets found exactly once")
+        return 0
+
+    python = _python()
+    with tempfile.TemporaryDirectory(prefix="opcollect-mutant-import-") as tmp:
+        _copy_project(Path(tmp))
+        _check_import(python, Path(tmp))
+    if not args.no_baseline:
+        _baseline(python, chosen, args.timeout)
+    caught = 0
+    missed: list[str] = []
+    started = time.monotonic()
+    for mutant in chosen:
+        with tempfile.TemporaryDirectory(prefix="opcollect-mutant-") as tmp:
+            copy = Path(tmp)
+            _copy_project(copy)
+            _apply(copy, mutant)
+            outcome, seconds, detail = _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
+        if outcome in ("failed", "timeout"):
+            caught += 1
+            verdict = "caught"
+        else:
+            missed.append(mutant.name)
+            verdict = "MISSED" if outcome == "passed" else "ERROR"
+        shown = detail.splitlines()[0][:110] if detail and outcome != "error" else detail
+        print(f"{verdict:7} {mutant.name:45} {seconds:5.1f} s  {shown}", flush=True)
+    planted = len(chosen)
+    print(f"missed: {', '.join(missed)}" if missed else "missed: none")
+    print(f"({time.monotonic() - started:.0f} s)")
+    print(f"caught {caught} / planted {planted} ({100.0 * caught / planted:.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
