@@ -7,10 +7,8 @@ Sessions run in the environment nox itself runs in (python=False): set it up onc
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import nox
-import yaml
 
 nox.options.sessions = ["tests"]
 
@@ -32,9 +30,14 @@ def plan_diff(session: nox.Session) -> None:
 
 
 def _backends() -> list[str]:
-    """Backends pinned in pins.yaml: each gets its collect (and build) sessions."""
-    pins = yaml.safe_load((Path(__file__).parent / "pins.yaml").read_text())
-    return list(pins["backends"])
+    """Every backend opcollect knows gets its build and collect sessions.
+
+    pins.yaml is not read here: a broken one would break every session, `tests` and `lint` included.
+    `opcollect build` and `collect` read it first and fail with its one-line error instead.
+    """
+    from opcollect.names import BACKENDS
+
+    return list(BACKENDS)
 
 
 def _backend_sessions(backend: str) -> None:
@@ -55,6 +58,12 @@ def _backend_sessions(backend: str) -> None:
 
 for _backend in _backends():
     _backend_sessions(_backend)
+
+
+@nox.session(python=False, default=False)
+def prune(session: nox.Session) -> None:
+    """Remove collector images no current pin or input hash names: `nox -s prune` (`-- torch`: one backend)."""
+    session.run(sys.executable, "-m", "opcollect", "build", "--prune", *session.posargs, external=True)
 
 
 @nox.session(name="base-image", python=False, default=False)
@@ -96,7 +105,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting check over src, tests, bench and this file."""
-    paths = ["src", "tests", "bench", "noxfile.py"]
+    paths = ["src", "tests", "bench", "scripts", "noxfile.py"]
     session.run(sys.executable, "-m", "ruff", "check", *paths, external=True)
     session.run(sys.executable, "-m", "ruff", "format", "--check", *paths, external=True)
 

@@ -31,6 +31,11 @@ start = time.perf_counter()
 if step == "merge":
     from opcollect.tables.merge import merge
     merge([run_dir], tables, find_project())
+elif step == "lock":  # 1000 uncontended acquisitions of the merge lock
+    from opcollect.tables.store import locked
+    for _ in range(1000):
+        with locked(tables):
+            pass
 elif step == "check":
     from opcollect.tables.rules import check_tables
     assert not [f for f in check_tables(tables) if not f.warning]
@@ -50,43 +55,21 @@ print(json.dumps({"seconds": time.perf_counter() - start,
 
 
 def write_run(root: Path) -> Path:
+    from opcollect.plans.gemm import GemmCase
     from opcollect.plans.hashes import installed_collector_hash
+    from opcollect.plans.planfile import read_plan, write_plan
+    from opcollect.plans.planner import plan_of_cases
+    from opcollect.runtime.rundir import prepare_run_dir
 
     run = root / "run"
-    for sub in ("shards", "events", "logs"):
-        (run / sub).mkdir(parents=True)
     collector = installed_collector_hash() or "0" * 64
-    plan_hash = "a" * 64
     side = int(RECORDS**0.5)
-    ms = [m for m in range(1, side + 1) for _ in range(side)]
-    ns = [n for _ in range(side) for n in range(1, side + 1)]
-    ids = [f"gemm:bfloat16:m={m},n={n},k=1024" for m, n in zip(ms, ns)]
-    plan = {
-        "format": "opcollect-plan",
-        "format_version": 1,
-        "backend": "vllm",
-        "sm": "90",
-        "collector_hash": collector,
-        "plan_hash": plan_hash,
-        "shard": None,
-        "selection": {"ops": ["gemm"], "smoke": False, "case_filter": None, "model_configs": []},
-        "ops": {
-            "gemm": {
-                "table": "gemm_perf",
-                "family": "gemm",
-                "op_name": "gemm",
-                "fields": ["gemm_dtype", "m", "n", "k"],
-                "case_id": ids,
-                "dispatch": ["cutlass"] * len(ids),
-                "columns": {"gemm_dtype": ["bfloat16"] * len(ids), "m": ms, "n": ns, "k": [1024] * len(ids)},
-                "rows": None,
-            }
-        },
-    }
-    (run / "plan.json").write_text(json.dumps(plan))
-    (run / "run.json").write_text(
-        json.dumps({"plan_hash": plan_hash, "collector_hash": collector, "backend": "vllm", "sm": "90", "shard": None})
-    )
+    cases = [GemmCase("bfloat16", m, n, 1024) for m in range(1, side + 1) for n in range(1, side + 1)]
+    plan = plan_of_cases("vllm", "90", "gemm", cases, "cutlass", collector)
+    ids = plan.ops["gemm"].ids
+    plan_hash = plan.plan_hash
+    write_plan(plan, run / "plan.json")
+    prepare_run_dir(run, run / "plan.json", read_plan(run / "plan.json"), resume=False)
     (run / "events" / "r1.json").write_text(
         json.dumps(
             {
@@ -158,6 +141,8 @@ def main() -> None:
                 steps[step].append(result["seconds"])
             totals.append(sum(r["seconds"] for r in results.values()))
             peaks.append(max(r["rss"] for r in results.values()))
+        remerge = [child("merge", run, root / f"tables{i}")["seconds"] for i in range(RUNS)]
+        lock = child("lock", run, root / "tables0")
         lines_parse = child("json-lines", run, root / "unused")
         arrow_parse = child("arrow", run, root / "unused")
         table = next(root.glob("tables0/**/gemm_perf.parquet"))
@@ -167,6 +152,10 @@ def main() -> None:
         print(
             f"  merge + check + verify: {statistics.median(totals):.2f} s   [target < 10 s]; peak RSS "
             f"{max(peaks) / 2**30:.2f} GiB   [target < 2 GiB]; table {table.stat().st_size / 2**20:.1f} MiB zstd"
+        )
+        print(
+            f"  merge again into those tables (lock, verify of the existing tree, old rows read back): "
+            f"{statistics.median(remerge):.2f} s; the lock alone: {lock['seconds'] / 1000 * 1e6:.0f} us per merge"
         )
         print(
             f"  baseline, reading the shards: json.loads per line {lines_parse['seconds']:.2f} s "

@@ -19,7 +19,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from opcollect.plans.planner import Planner
-from opcollect.plans.base import BACKENDS, SMS
+from opcollect.names import BACKENDS, SMS
 from opcollect.project import find_project
 t1 = time.perf_counter()
 mode = sys.argv[1]

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import statistics
 
 import pytest
 
-from opcollect.runtime.harness import TimingConfig, measure_cpu, quantile, relative_iqr, sample_until_stable, summarize
+from opcollect.runtime.harness import TimingConfig, measure_cpu, quartiles, relative_iqr, sample_until_stable, summarize
 
 
 class FakeClock:
@@ -31,11 +30,10 @@ def feeder(values, clock):
     return sample
 
 
-def test_quantiles_match_statistics_module():
-    data = sorted([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0])
-    assert quantile(data, 0.5) == statistics.median(data)
-    inclusive = statistics.quantiles(data, n=4, method="inclusive")
-    assert quantile(data, 0.25) == pytest.approx(inclusive[0]) and quantile(data, 0.75) == pytest.approx(inclusive[2])
+def test_quartiles_interpolate_between_closest_ranks():
+    data = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0]  # sorted: 1 2 3 4 5 7 9
+    assert quartiles(data) == (2.5, 4.0, 6.0)  # numpy's default: positions 1.5, 3 and 4.5
+    assert quartiles([3.0]) == (3.0, 3.0, 3.0)
 
 
 def test_stops_at_min_samples_when_quiet():

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import os
+import queue
+import re
+import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from conftest import ROOT, run_cli
+from docker.errors import ImageNotFound
 
+from opcollect.images.container import (
+    ContainerRun,
+    Interrupted,
+    container_options,
+    run_container,
+)
 from opcollect.images.context import plan_build, render_context
 from opcollect.images.engine import CONTAINER_LABEL
 from opcollect.images.pins import load_pins
@@ -19,8 +32,12 @@ from opcollect.runtime.rundir import read_records
 LOCAL = "opcollect-local/torch-cpu:latest"
 
 
-def _leftovers(client) -> list:
-    return client.containers.list(all=True, filters={"label": CONTAINER_LABEL})
+def _leftovers(client, under=None) -> list:
+    """This project's containers; with ``under``, those that mount a path under it (other users share the engine)."""
+    found = client.containers.list(all=True, filters={"label": CONTAINER_LABEL})
+    if under is None:
+        return found
+    return [c for c in found if any(m["Source"].startswith(str(under.resolve())) for m in c.attrs["Mounts"])]
 
 
 def _tag(stdout: str) -> str:
@@ -229,3 +246,254 @@ def test_failed_build_prints_the_failing_step_and_exits_2(docker_client, tree_co
     assert "failed: The command '/bin/sh -c echo about to fail && exit 3' returned a non-zero code: 3" in done.stderr
     assert "RUN echo about to fail && exit 3" in done.stderr and "about to fail" in done.stderr  # the step's log
     assert _leftovers(docker_client) == []
+
+
+# -- Ctrl-C during start-up, isolation of the container, pruning ------------------------------------------
+
+
+def _main_tag(docker_client) -> str:
+    built = _build()
+    assert built.returncode == 0, built.stderr[-2000:]
+    return _tag(built.stdout)
+
+
+def _plan(path, ops: str):
+    done = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", ops, "--smoke", "-o", str(path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return path
+
+
+def _smoke_args(run_dir, tables) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "opcollect",
+        "collect",
+        "torch",
+        "--base-image",
+        LOCAL,
+        "--device",
+        "cpu",
+        "--smoke",
+        "--out",
+        str(run_dir),
+        "--tables",
+        str(tables),
+    ]
+
+
+def _interrupt_when(args: list[str], marks: tuple[str, ...], delay: float) -> tuple[int, str]:
+    """Start ARGS, send SIGINT ``delay`` s after a line with one of ``marks`` appears; (exit code, output)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    seen, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            seen.append(lines.get(timeout=0.5))
+        except queue.Empty:
+            assert proc.poll() is None, "".join(seen)[-2000:]
+            continue
+        if any(mark in seen[-1] for mark in marks):
+            break
+    else:
+        raise AssertionError(f"no line with {marks}: {''.join(seen)[-2000:]}")
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    return proc.returncode, "".join(seen)
+
+
+def _plant_holder(docker_client, tag: str, run_dir) -> None:
+    """A container holding RUN_DIR the way a collect left behind by a crash would: labelled, running."""
+    run = ContainerRun(tag, run_dir / "plan.json", run_dir, "cpu", "all", ())
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    options = container_options(run, ["-c", "import time; time.sleep(600)"], memlock)
+    docker_client.containers.create(**{**options, "entrypoint": ["python3"]}).start()
+
+
+def test_ctrl_c_at_any_point_of_start_up_leaves_no_container_and_resumes_once(docker_client, tmp_path):
+    tag = _main_tag(docker_client)
+    run_dir, tables = tmp_path / "run", tmp_path / "tables"
+    args = _smoke_args(run_dir, tables)
+    built = ("cache hit: ", "Successfully tagged ")  # the image is ready: create and start follow at once
+    started = ("Ctrl-C stops it and keeps the shards",)  # the container runs; `opcollect run` starts up in it
+    points = [(built, d) for d in (0.0, 0.05, 0.15, 0.3, 0.5, 0.8)] + [(started, d) for d in (0.0, 0.5, 1.5)]
+    for marks, delay in points:
+        code, out = _interrupt_when(args, marks, delay)
+        assert code == 130 and "run the same command again to resume" in out, (marks, delay, out[-2000:])
+        assert _leftovers(docker_client, tmp_path) == [], (marks, delay)
+    _plant_holder(docker_client, tag, run_dir)  # as if an earlier collect had died and left its container
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert f"left holding {run_dir.resolve()} by an earlier collect" in done.stdout
+    planned = int(re.search(r"0 of (\d+) planned cases missing", done.stdout).group(1))
+    ids = [r["case_id"] for r in read_records(run_dir)]
+    assert len(ids) == len(set(ids)) == planned >= 20  # every planned case exactly once
+    assert _leftovers(docker_client, tmp_path) == []
+
+
+class _InterruptAfter:
+    """The real client, but a KeyboardInterrupt arrives right after the engine answered create or start."""
+
+    def __init__(self, client, point: str):
+        self._client, self._point = client, point
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    @property
+    def containers(self):
+        point, real = self._point, self._client.containers
+
+        class Containers:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def create(self, *args, **kwargs):
+                container = real.create(*args, **kwargs)
+                if point == "create":
+                    raise KeyboardInterrupt  # the engine made it; its answer never reached the caller
+                start = container.start
+
+                def start_then_interrupt(*a, **k):
+                    start(*a, **k)
+                    raise KeyboardInterrupt
+
+                container.start = start_then_interrupt
+                return container
+
+        return Containers()
+
+
+@pytest.mark.parametrize("point", ["create", "start"])
+def test_interrupt_right_after_the_engine_answers_removes_the_container(docker_client, tmp_path, point):
+    tag = _main_tag(docker_client)
+    plan = _plan(tmp_path / "plan.json", "gemm")
+    run = ContainerRun(tag, plan, tmp_path / "run", "cpu", "all", ())
+    try:
+        run_container(_InterruptAfter(docker_client, point), run, say=lambda line: None)
+        raised = None
+    except (Interrupted, KeyboardInterrupt) as exc:
+        raised = exc
+    left = _leftovers(docker_client, tmp_path)
+    for container in left:
+        container.remove(force=True)
+    assert left == [] and isinstance(raised, Interrupted), (left, raised)
+
+
+_CONFINED = """
+import json, os
+def attempt(action):
+    try:
+        action()
+        return "done"
+    except OSError as exc:
+        return exc.strerror
+run = "/opcollect/run"
+status = open("/proc/self/status").read()
+print(json.dumps({
+    "write shard dir": attempt(lambda: open(f"{run}/shards/probe.tmp", "wb").write(b"{}")),
+    "write plan": attempt(lambda: open(f"{run}/plan.json", "r+b").write(b"{}")),
+    "truncate plan": attempt(lambda: open(f"{run}/plan.json", "wb")),
+    "unlink plan": attempt(lambda: os.unlink(f"{run}/plan.json")),
+    "replace plan": attempt(lambda: os.replace(f"{run}/shards/probe.tmp", f"{run}/plan.json")),
+    "chmod plan": attempt(lambda: os.chmod(f"{run}/plan.json", 0o666)),
+    "write run.json": attempt(lambda: open(f"{run}/run.json", "wb")),
+    "new file in run dir": attempt(lambda: open(f"{run}/other", "wb")),
+    "write events dir": attempt(lambda: open(f"{run}/events/probe.tmp", "wb")),
+    "write logs dir": attempt(lambda: open(f"{run}/logs/probe.tmp", "wb")),
+    "write rootfs": attempt(lambda: open("/usr/lib/probe", "wb")),
+    "write tmp": attempt(lambda: open("/tmp/probe", "wb")),
+    "read plan": attempt(lambda: open(f"{run}/plan.json", "rb").read()),
+    "uid": os.getuid(),
+    "caps": status.split("CapEff:")[1].split()[0],
+    "no new privs": status.split("NoNewPrivs:")[1].split()[0],
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+}))
+"""
+
+
+def test_the_collect_container_cannot_modify_its_plan_and_runs_confined(docker_client, tmp_path):
+    """docker exec into the container of a running collect, as its user and as root: the plan stays as it was."""
+    run_dir = tmp_path / "run"
+    args = _smoke_args(run_dir, tmp_path / "tables") + ["--ops", "gemm,attention_context,moe", "--max-noise", "0"]
+    proc = subprocess.Popen(args + ["--max-case-seconds", "0.8"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline, running = time.monotonic() + 120, []
+        while not running and time.monotonic() < deadline and proc.poll() is None:
+            if (run_dir / "run.json").exists():
+                running = [c for c in _leftovers(docker_client, tmp_path) if c.status == "running"]
+            time.sleep(0.1)
+        assert running, "no collection container ran"
+        [container] = running
+        plan_bytes, identity_bytes = (run_dir / "plan.json").read_bytes(), (run_dir / "run.json").read_bytes()
+        seen = {}
+        for user in ("", "0:0"):  # the container's user, and root inside: the mounts hold even then
+            code, output = container.exec_run(["python3", "-c", _CONFINED], user=user)
+            assert code == 0, output.decode()[-2000:]
+            seen[user or "run"] = json.loads(output.decode().strip().splitlines()[-1])
+        host_config = docker_client.api.inspect_container(container.id)["HostConfig"]
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            for left in _leftovers(docker_client, tmp_path):
+                left.remove(force=True)
+    assert proc.returncode == 0 and "0 of 12 planned cases missing" in out, out[-2000:]
+    assert (run_dir / "plan.json").read_bytes() == plan_bytes and (run_dir / "run.json").read_bytes() == identity_bytes
+    for action in ("write plan", "truncate plan", "unlink plan", "chmod plan", "write run.json", "new file in run dir"):
+        assert seen["run"][action] in ("Read-only file system", "Permission denied"), (action, seen)
+        assert seen["0:0"][action] == "Read-only file system", (action, seen)  # the mount, not the file mode
+    for action in ("write shard dir", "write events dir", "write logs dir", "write tmp", "read plan"):
+        assert seen["run"][action] == "done", (action, seen)
+    for outcome in seen.values():
+        assert outcome["write rootfs"] == "Read-only file system" and outcome["replace plan"] != "done"
+        assert outcome["caps"] == "0000000000000000" and outcome["no new privs"] == "1"
+        assert outcome["interfaces"] == ["lo"]
+    assert seen["run"]["uid"] == (65534 if os.getuid() == 0 else os.getuid())
+    assert host_config["CapDrop"] == ["ALL"] and "no-new-privileges" in host_config["SecurityOpt"]
+    assert host_config["NetworkMode"] == "none" and host_config["ReadonlyRootfs"] is True
+    assert _leftovers(docker_client, tmp_path) == []
+
+
+def test_prune_keeps_the_current_image_and_removes_the_older_one(docker_client, tree_copy):
+    main_tag = _main_tag(docker_client)
+    # every collector image here now (the checkout's, and any of others sharing this engine) is held by a
+    # created container: prune must name and keep it, and the test touches nothing it did not build
+    others = docker_client.images.list(filters={"label": "io.opcollect.input-hash"})
+    keepers = [docker_client.containers.create(image.id, labels={"io.opcollect.test": "prune"}) for image in others]
+    source = tree_copy / "src" / "opcollect" / "plans" / "skips.py"
+    try:
+        source.write_text(source.read_text() + "# an image of its own\n")  # not the checkout's image
+        first = _build(root=tree_copy)
+        assert first.returncode == 0, first.stderr[-2000:]
+        old_tag = _tag(first.stdout)
+        source.write_text(source.read_text() + "# and a newer one\n")
+        second = _build(root=tree_copy)
+        assert second.returncode == 0, second.stderr[-2000:]
+        new_tag = _tag(second.stdout)
+        assert new_tag != old_tag
+        done = run_cli("build", "--prune", "--root", str(tree_copy))
+        assert done.returncode == 0, done.stderr[-2000:]
+        again = run_cli("build", "--prune", "torch", "--root", str(tree_copy))
+    finally:
+        for holder in keepers:
+            holder.remove(force=True)
+    removed = re.findall(r"^removed (\S+)", done.stdout, re.M)
+    assert removed == [old_tag] and f"kept {new_tag} (current)" in done.stdout, done.stdout
+    assert f"kept {main_tag}: container" in done.stdout  # stale for tree_copy, but a container uses it
+    freed = int(re.search(r"pruned 1 images, freed (\d+) bytes", done.stdout).group(1))
+    assert freed > 0  # the layers only the old image had: its wheel and the labels
+    with pytest.raises(ImageNotFound):
+        docker_client.images.get(old_tag)
+    for kept in (new_tag, main_tag, LOCAL):  # the local base is never a candidate
+        docker_client.images.get(kept)
+    assert again.returncode == 0 and "pruned 0 images" in again.stdout
+    docker_client.images.remove(new_tag)

@@ -6,7 +6,7 @@ import csv
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import cases_of, run_cli
 
 from opcollect.cases.profiles import derive_shapes, read_hf_config
 from opcollect.errors import InputError
@@ -92,10 +92,10 @@ def test_every_profile_shape_is_in_the_sweeps(planner):
     plan = planner.plan("trtllm", "100")
     gemm = {(v[2], v[3]) for v in plan.ops["gemm"].values}
     heads = {
-        (c.num_heads, c.num_key_value_heads, c.head_dim, c.window_size) for c in plan.ops["attention_context"].cases
+        (c.num_heads, c.num_key_value_heads, c.head_dim, c.window_size) for c in cases_of(plan.ops["attention_context"])
     }
-    moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in plan.ops["moe"].cases}
-    mla = {(c.num_heads, c.tp_size) for c in plan.ops["mla_generation"].cases}
+    moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in cases_of(plan.ops["moe"])}
+    mla = {(c.num_heads, c.tp_size) for c in cases_of(plan.ops["mla_generation"])}
     for spec in planner.sources.models:
         shapes = derive_shapes(spec, [1, 2, 4, 8])
         assert {tuple(s) for s in shapes.gemm} <= gemm, spec.name
@@ -107,7 +107,7 @@ def test_every_profile_shape_is_in_the_sweeps(planner):
 def test_moe_splits_follow_the_rules(planner):
     plan = planner.plan("vllm", "90", PlanOptions(ops=("moe",)))
     seen = set()
-    for c in plan.ops["moe"].cases:
+    for c in cases_of(plan.ops["moe"]):
         assert c.moe_ep_size <= c.num_experts and c.num_experts % c.moe_ep_size == 0
         assert c.inter_size % c.moe_tp_size == 0
         seen.add((c.num_experts, c.moe_tp_size, c.moe_ep_size))

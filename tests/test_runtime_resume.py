@@ -66,8 +66,10 @@ def test_sigkill_then_resume_records_every_case_exactly_once(tmp_path, kill_afte
     proc = _start_run(plan, run_dir)
     if kill_after:
         _wait_for_records(run_dir, kill_after, proc)
-    else:
-        time.sleep(0.5)  # inside start-up: the worker is still importing torch
+    else:  # inside start-up: the run directory exists, the worker is still importing torch
+        deadline = time.monotonic() + 60
+        while not (run_dir / "run.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     workers = _children(proc.pid)
     proc.kill()  # SIGKILL to the run alone: its workers must die with it
     proc.wait()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from conftest import cases_of
+
 from opcollect.plans import skips
 from opcollect.plans.base import make_groups
 from opcollect.plans.gemm import GemmCase
@@ -82,7 +84,7 @@ def test_reasons_are_the_comments_above_each_entry():
 def test_plan_reports_each_entry_and_capabilities(planner):
     cpu = planner.plan("torch", "cpu")
     assert cpu.ops["attention_context"].skipped.get("torch-sdpa-no-sinks", 0) > 0  # gpt-oss window heads
-    assert all(c.window_size != 128 for c in cpu.ops["attention_context"].cases)
+    assert all(c.window_size != 128 for c in cases_of(cpu.ops["attention_context"]))
     assert set(cpu.ops["gemm"].by_dtype) == {"bfloat16", "float32"}  # the CPU: no fp8
     sm80 = planner.plan("trtllm", "80", PlanOptions(ops=("gemm",)))
     assert set(sm80.ops["gemm"].by_dtype) == {"bfloat16", "int4_wo"}

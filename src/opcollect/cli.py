@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
 from opcollect.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags are bad input: one line on stderr and exit 2, like every other error (no usage block)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # a value such as `--shard -1/2` is a value, not a flag (what Python 3.13's argparse does already)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def error(self, message: str):
+        self.exit(2, f"opcollect: error: {self.prog}: {message}; see `{self.prog} --help`\n")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -15,7 +30,45 @@ def _shard(text: str) -> tuple[int, int]:
         index, count = (int(part) for part in text.split("/"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected i/N, e.g. 0/4 (shards are counted from 0)") from None
+    if count < 1 or not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"{text}: need 0 <= i < N (shards are counted from 0), e.g. 0/{max(count, 1)}")
     return index, count
+
+
+def _number(text: str, kind: type, least: float, strict: bool):
+    """``text`` as a finite ``kind`` above ``least`` (or at least ``least`` when not ``strict``)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < least or (strict and value == least):
+        what = "a whole number" if kind is int else "a finite number"
+        raise argparse.ArgumentTypeError(f"{text!r}: must be {what} {'>' if strict else '>='} {least:g}")
+    return value
+
+
+def _count(text: str) -> int:
+    return _number(text, int, 0, strict=True)
+
+
+def _seconds(text: str) -> float:
+    return _number(text, float, 0, strict=True)
+
+
+def _ratio(text: str) -> float:
+    return _number(text, float, 0, strict=False)
+
+
+def _png(text: str) -> Path:
+    """--plot: a .png file to write, never a directory."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory; give a file name in it, e.g. {path / 'ratio.png'}")
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{text}: the plot is a PNG image; give a file name ending in .png")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its directory {path.parent} does not exist; create it first")
+    return path
 
 
 def _ops(text: str | None) -> tuple[str, ...]:
@@ -49,9 +102,9 @@ def _add_plan(sub) -> None:
 
 
 def cmd_plan(args) -> int:
-    from opcollect.plans.base import BACKENDS, SMS
+    from opcollect.names import BACKENDS, SMS
     from opcollect.plans.planfile import write_plan
-    from opcollect.plans.planner import Planner, PlanOptions
+    from opcollect.plans.planner import Planner, PlanOptions, require_cases
     from opcollect.plans.report import render, summary, write_tables
     from opcollect.project import find_project
 
@@ -70,6 +123,7 @@ def cmd_plan(args) -> int:
         if args.table:
             write_tables(plan, args.table if len(pairs) == 1 else args.table / f"{backend}-sm{sm}")
         if args.output:
+            require_cases(plan, f"-o {args.output}")  # a plan of nothing would run nothing and exit 0
             write_plan(plan, args.output)
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
@@ -97,15 +151,15 @@ def cmd_plan_diff(args) -> int:
 def _add_timing(p) -> None:
     p.add_argument(
         "--case-timeout",
-        type=float,
+        type=_seconds,
         default=120.0,
         metavar="S",
         help="seconds a case may take before its worker is killed (default 120)",
     )
-    p.add_argument("--max-noise", type=float, help="stop sampling at this relative IQR (default 0.01)")
-    p.add_argument("--min-samples", type=int, help="samples before the noise check (GPU 10, CPU 5)")
-    p.add_argument("--max-case-seconds", type=float, help="sampling cap per case (GPU 1.0, CPU 0.25)")
-    p.add_argument("--workers", type=int, help="worker processes (default: one per GPU; 1 on the CPU)")
+    p.add_argument("--max-noise", type=_ratio, help="stop sampling at this relative IQR (default 0.01)")
+    p.add_argument("--min-samples", type=_count, help="samples before the noise check (GPU 10, CPU 5)")
+    p.add_argument("--max-case-seconds", type=_seconds, help="sampling cap per case (GPU 1.0, CPU 0.25)")
+    p.add_argument("--workers", type=_count, help="worker processes (default: one per GPU; 1 on the CPU)")
 
 
 def _run_options(args, **overrides):
@@ -206,11 +260,13 @@ def cmd_collect(args) -> int:
         print(describe(summary))
         run_dir = summary.run_dir
     else:
+        _check_pins(tree, args.pins)
         try:
             prepared = collect_in_container(tree, request, args.pins, args.base_image, args.gpus)
-        except Interrupted:
+        except (Interrupted, KeyboardInterrupt) as exc:
+            stopped = "the container was stopped and removed" if isinstance(exc, Interrupted) else "no container ran"
             print(
-                f"interrupted: the container was stopped and removed; the shards in {args.out or 'the run directory'} "
+                f"interrupted: {stopped}; the shards in {args.out or 'the run directory'} "
                 "are kept; run the same command again to resume",
                 file=sys.stderr,
             )
@@ -222,7 +278,12 @@ def cmd_collect(args) -> int:
 
 def _add_build(sub) -> None:
     p = sub.add_parser("build", help="build (or reuse) a backend's collector image through the Docker engine")
-    p.add_argument("backend", help="torch, vllm, sglang or trtllm")
+    p.add_argument("backend", nargs="?", help="torch, vllm, sglang or trtllm (with --prune: default every backend)")
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="instead of building: remove the collector images no current pin or current input hash names",
+    )
     p.add_argument("--pins", type=Path, help="pins file (default: pins.yaml of the checkout)")
     p.add_argument("--base-image", help="build on this image instead of the pin (a local image needs no digest)")
     p.add_argument("--no-cache", action="store_true", help="build every layer again, reusing nothing")
@@ -230,10 +291,23 @@ def _add_build(sub) -> None:
     p.set_defaults(func=cmd_build)
 
 
+def _check_pins(tree, pins: Path | None) -> None:
+    """Read the pins before planning or reaching the Docker engine: a broken pins.yaml is named first."""
+    from opcollect.images.pins import load_pins
+
+    load_pins(pins or tree.pins)
+
+
 def cmd_build(args) -> int:
-    from opcollect.images.build import build_image
+    from opcollect.images.build import build_image, prune_images
     from opcollect.project import find_project
 
+    if args.prune:
+        prune_images(find_project(args.root), [args.backend] if args.backend else None, args.pins)
+        return 0
+    if args.backend is None:
+        raise InputError("build: name a backend (torch, vllm, sglang or trtllm), or pass --prune")
+    _check_pins(find_project(args.root), args.pins)
     built = build_image(find_project(args.root), args.backend, args.pins, args.base_image, no_cache=args.no_cache)
     state = "cache hit" if built.cache_hit else "built"
     print(
@@ -262,6 +336,9 @@ def _add_merge(sub) -> None:
     p = sub.add_parser("merge", help="merge run directories into tables with sidecars and a manifest")
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument("--into", type=Path, required=True, metavar="TABLES")
+    p.add_argument(
+        "--no-wait", action="store_true", help="refuse, instead of waiting, while another merge holds TABLES"
+    )
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
     p.set_defaults(func=cmd_merge)
 
@@ -270,7 +347,7 @@ def cmd_merge(args) -> int:
     from opcollect.project import find_project
     from opcollect.tables.merge import merge
 
-    for table in merge(args.run_dirs, args.into, find_project(args.root)):
+    for table in merge(args.run_dirs, args.into, find_project(args.root), wait=not args.no_wait):
         print(f"{args.into / table.path}: {table.rows} rows, {table.failures} failures, {table.status}")
     return 0
 
@@ -279,7 +356,7 @@ def _add_check(sub) -> None:
     p = sub.add_parser("check", help="data rules R1-R7 over every table under TABLES")
     p.add_argument("tables", type=Path, metavar="TABLES")
     p.add_argument("--strict", action="store_true", help="noisy rows (R7) fail the check")
-    p.add_argument("--noise-bound", type=float, default=0.05, help="relative IQR above which R7 counts a row")
+    p.add_argument("--noise-bound", type=_ratio, default=0.05, help="relative IQR above which R7 counts a row")
     p.set_defaults(func=cmd_check)
 
 
@@ -313,7 +390,7 @@ def _add_compare(sub) -> None:
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)
     p.add_argument("--op", help="which table when a directory holds several (e.g. gemm, attention_context)")
-    p.add_argument("--plot", type=Path, metavar="PNG", help="write ratio against the sweep axis")
+    p.add_argument("--plot", type=_png, metavar="PNG", help="write ratio against the sweep axis to this .png file")
     p.set_defaults(func=cmd_compare)
 
 
@@ -329,7 +406,7 @@ def cmd_compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opcollect", description=__doc__)
+    parser = _Parser(prog="opcollect", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_plan(sub)
     _add_plan_diff(sub)
@@ -344,6 +421,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# file-system errors that are the environment's, not a bug: what they mean and how to fix them
+_FS_ERRORS = {
+    errno.ENOSPC: ("no space left on the device", "free space there, or choose a directory on another file system"),
+    errno.EDQUOT: ("disk quota exceeded", "free space there, or choose a directory on another file system"),
+    errno.EROFS: ("read-only file system", "choose a writable directory"),
+    errno.EACCES: ("permission denied", "choose a path you may use, or fix its permissions"),
+    errno.ENOENT: ("no such file or directory", "check the path"),
+}
+# where a verb writes, named when the error carries no path (a failed write() or fsync() has none)
+_OUTPUTS = (("output", "-o"), ("table", "--table"), ("out", "--out"), ("into", "--into"), ("tables", "--tables"))
+
+
+def _fs_error(exc: OSError, args) -> str | None:
+    """One line for an OSError of the environment (full, read-only, forbidden, missing); None for others."""
+    known = _FS_ERRORS.get(exc.errno)
+    if known is None:
+        return None
+    what, fix = known
+    given = [(flag, getattr(args, name)) for name, flag in _OUTPUTS if getattr(args, name, None) is not None]
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and given:  # a write: name the flag, and the file
+        flag, value = given[0]
+        at = f" (at {exc.filename})" if exc.filename not in (None, str(value)) else ""
+        return f"{flag} {value}: {what}{at}; {fix}"
+    if exc.filename is not None:
+        return f"{exc.filename}: {what}; {fix}"
+    return f"{' '.join(map(str, given[0])) if given else f'opcollect {args.verb}'}: {what}; {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -353,3 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        message = _fs_error(exc, args)
+        if message is None:
+            raise  # any other OSError is a bug to see whole
+        print(f"opcollect: error: {message}", file=sys.stderr)
+        return InputError.exit_code

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opcollect.errors import InputError
-from opcollect.plans.planfile import write_plan
-from opcollect.plans.planner import Planner, PlanOptions
+from opcollect.files import write_atomic
+from opcollect.plans.planfile import to_json
+from opcollect.plans.planner import Planner, PlanOptions, require_cases
 from opcollect.project import ProjectTree
 from opcollect.runtime.run import RunOptions, RunSummary, run_plan
+from opcollect.runtime.rundir import check_fresh, describe_identity, read_identity
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,24 @@ class Prepared:
 def prepare(tree: ProjectTree, request: CollectRequest) -> Prepared:
     kind, sm = resolve_target(request.device, request.sm)
     plan = Planner(tree, request.model_configs).plan(request.backend, sm, request.plan_options)
+    require_cases(plan, f"collect {request.backend}")  # before any image is built or run directory made
     # the collector hash is in the name: an edited collector starts a new run instead of resuming
     name = f"{request.backend}-sm{sm}-{plan.plan_hash[:12]}-{plan.collector_hash[:8]}"
     run_dir = request.out or tree.root / "runs" / name
     resume = (run_dir / "run.json").exists()
     plan_path = run_dir / "plan.json"
-    if not resume:
-        write_plan(plan, plan_path)
+    data = to_json(plan)
+    if resume:
+        held = read_identity(run_dir)
+        if held["content_hash"] != data["content_hash"]:
+            wanted = {"plan_hash": plan.plan_hash, "shard": None, "selection": data["selection"]}
+            raise InputError(
+                f"{run_dir}: holds {describe_identity(held)}, this collection is {describe_identity(wanted)}; "
+                "give another --out, or repeat the selection that run directory holds"
+            )
+    else:
+        check_fresh(run_dir)
+        write_atomic(plan_path, json.dumps(data, separators=(",", ":")))
     return Prepared(kind, plan_path, run_dir, resume, plan.total_cases)
 
 
@@ -99,24 +113,23 @@ def collect_in_container(
 ) -> Prepared:
     """Plan here, build or reuse the image, run the plan in it; the run directory stays on this host."""
     from opcollect.images.build import build_image
-    from opcollect.images.container import ContainerRun, run_container
+    from opcollect.images.container import ContainerRun, ctrl_c_noted, run_container
     from opcollect.images.engine import connect
 
-    prepared = prepare(tree, request)
-    built = build_image(tree, request.backend, pins_path, base_image, say)
-    flags = _run_flags(request.run_options) + [
-        "--image",
-        built.plan.base_image,
-        "--image-digest",
-        built.plan.base_digest,
-    ]
-    if built.plan.version is not None:
-        flags += ["--expect-version", built.plan.version]
-    if prepared.resume:
-        flags.append("--resume")
-    code = run_container(
-        connect(), ContainerRun(built.tag, prepared.plan_path, prepared.run_dir, prepared.kind, gpus, tuple(flags)), say
-    )
+    with ctrl_c_noted():  # a Ctrl-C that Python drops on the way still stops the collection before its start
+        prepared = prepare(tree, request)
+        built = build_image(tree, request.backend, pins_path, base_image, say)
+        flags = _run_flags(request.run_options) + [
+            "--image",
+            built.plan.base_image,
+            "--image-digest",
+            built.plan.base_digest,
+        ]
+        if built.plan.version is not None:
+            flags += ["--expect-version", built.plan.version]
+        # the host writes run.json first (the run directory is read-only inside), so `run` always resumes
+        run = ContainerRun(built.tag, prepared.plan_path, prepared.run_dir, prepared.kind, gpus, tuple(flags))
+        code = run_container(connect(), run, say)
     if code != 0:
         raise InputError(f"the collection container exited with code {code}; its log is above")
     return prepared

@@ -21,9 +21,11 @@ M = TypeVar("M", bound=BaseModel)
 
 def read_yaml(path: Path) -> object:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes().decode()
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: {not_utf8(exc)}; save it as UTF-8 text") from None
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
@@ -31,6 +33,11 @@ def read_yaml(path: Path) -> object:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{path}:{where} invalid YAML: {problem}") from None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """What is wrong with bytes that are not UTF-8: the first bad byte and its offset."""
+    return f"not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
 
 
 def _path(loc: tuple) -> str:
@@ -54,6 +61,8 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
         close = difflib.get_close_matches(name, missing, n=1, cutoff=0.5)
         if close:
             detail += f" (did you mean {close[0]!r}?)"
+    elif kind == "value_error" and isinstance(err.get("input"), dict):  # a check across fields names them
+        detail = err["msg"]
     else:
         detail = f"{err['msg']} (got {err.get('input')!r})"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -6,16 +6,15 @@ import importlib
 from types import ModuleType
 
 from opcollect.errors import InputError
-
-KNOWN = ("torch", "vllm", "sglang", "trtllm")
+from opcollect.names import BACKENDS
 
 
 def load_backend(name: str) -> ModuleType:
     """``opcollect.backends.<name>`` for a known backend; a dotted module path names any other."""
-    module = f"opcollect.backends.{name}" if name in KNOWN else name
+    module = f"opcollect.backends.{name}" if name in BACKENDS else name
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
-            raise InputError(f"backend {name!r}: no module {module}; known backends: {', '.join(KNOWN)}") from None
+            raise InputError(f"backend {name!r}: no module {module}; known backends: {', '.join(BACKENDS)}") from None
         raise

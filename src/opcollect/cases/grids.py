@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from opcollect.names import SMS
 
 PosInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegInt = Annotated[int, Field(strict=True, ge=0)]
-SM = Literal["80", "86", "89", "90", "100", "103", "120", "cpu"]
+SM = Literal[SMS]  # one of names.SMS
 GemmDtype = Literal["float32", "bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo"]
 ActDtype = Literal["float32", "bfloat16", "fp8"]
 KvDtype = Literal["float32", "bfloat16", "fp8"]
@@ -23,6 +25,17 @@ Distribution = Literal["balanced", "power_law_1.01", "power_law_1.2"]
 
 class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _distinct(values: list) -> list:
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            shown = value.model_dump() if isinstance(value, BaseModel) else value
+            raise ValueError(f"{shown!r} is listed twice; list each value once")
+    return values
+
+
+Distinct = AfterValidator(_distinct)  # a list whose values each appear once: dtypes, precisions, distributions
 
 
 def _ascending_unique(name: str, values: list[int]) -> None:
@@ -36,7 +49,7 @@ class NK(Frozen):
 
 
 class GemmGrid(Frozen):
-    dtypes: list[GemmDtype] = Field(min_length=1)
+    dtypes: Annotated[list[GemmDtype], Distinct] = Field(min_length=1)
     m: list[PosInt] = Field(min_length=1)
     n: list[PosInt] = Field(min_length=1)
     k: list[PosInt] = Field(min_length=1)
@@ -65,7 +78,7 @@ class HeadSweep(Frozen):
 
 
 class AttentionGrid(Frozen):
-    precisions: list[AttentionPrecision] = Field(min_length=1)
+    precisions: Annotated[list[AttentionPrecision], Distinct] = Field(min_length=1)
     batch_size: list[PosInt] = Field(min_length=1)
     heads: HeadSweep
     max_tokens_mha: PosInt
@@ -89,9 +102,9 @@ class MoeShapeEntry(Frozen):
 
 
 class MoeGrid(Frozen):
-    dtypes: list[MoeDtype] = Field(min_length=1)
+    dtypes: Annotated[list[MoeDtype], Distinct] = Field(min_length=1)
     num_tokens: list[PosInt] = Field(min_length=1)
-    distributions: list[Distribution] = Field(min_length=1)
+    distributions: Annotated[list[Distribution], Distinct] = Field(min_length=1)
     gpus: list[PosInt] = Field(min_length=1, description="moe_tp_size x moe_ep_size")
     shapes: list[MoeShapeEntry] = []
 
@@ -102,7 +115,7 @@ class MlaPrecision(Frozen):
 
 
 class MlaGrid(Frozen):
-    precisions: list[MlaPrecision] = Field(min_length=1)
+    precisions: Annotated[list[MlaPrecision], Distinct] = Field(min_length=1)
     batch_size: list[PosInt] = Field(min_length=1)
     tp_size: list[PosInt] = Field(min_length=1)
     num_heads: list[PosInt] = Field(min_length=1, description="total heads, split by tp_size")
@@ -118,7 +131,7 @@ class GenerationMlaGrid(MlaGrid):
 
 
 class CommGrid(Frozen):
-    dtypes: list[CommDtype] = Field(min_length=1)
+    dtypes: Annotated[list[CommDtype], Distinct] = Field(min_length=1)
     num_gpus: list[Annotated[int, Field(strict=True, ge=2)]] = Field(min_length=1)
     message_size: list[PosInt] = Field(min_length=1)
 

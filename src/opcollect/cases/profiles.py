@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from opcollect.cases.grids import PosInt
 from opcollect.errors import InputError
-from opcollect.yamlio import describe_validation_error
+from opcollect.yamlio import describe_validation_error, not_utf8
 
 
 class _Config(BaseModel):
@@ -24,6 +24,16 @@ class _Config(BaseModel):
 
     hidden_size: PosInt
     num_attention_heads: PosInt
+
+    @field_validator("num_key_value_heads", check_fields=False)
+    @classmethod
+    def _kv_heads_group_the_heads(cls, kv: int, info: ValidationInfo) -> int:
+        heads = info.data.get("num_attention_heads")
+        if heads is not None and kv > heads:
+            raise ValueError(f"{kv} is greater than num_attention_heads {heads}; set it to a divisor of {heads}")
+        if heads is not None and heads % kv:
+            raise ValueError(f"{kv} does not divide num_attention_heads {heads}; set it to a divisor of {heads}")
+        return kv
 
 
 class DenseConfig(_Config):
@@ -102,9 +112,6 @@ class MoeShape(NamedTuple):
 
 class MlaShape(NamedTuple):
     num_heads: int  # total query heads; a case holds num_heads / tp_size per rank
-
-
-Family = Literal["gemm", "attention", "moe", "mla"]
 
 
 @dataclass(frozen=True)
@@ -209,14 +216,23 @@ def parse_config(source: str, architecture: str, name: str, data: dict) -> Model
 def read_hf_config(path: Path) -> ModelSpec:
     """A Hugging Face config.json from disk, reduced to the keys its architecture's shapes need."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_bytes())
     except OSError as exc:
         raise InputError(f"{path}: cannot read model config ({exc.strerror}); check the path") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    archs = data.get("architectures") if isinstance(data, dict) else None
-    if not archs or not isinstance(archs, list):
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: {not_utf8(exc)}; a config.json is UTF-8 JSON, save it as such") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a model config is a JSON object, not {type(data).__name__}; give a config.json")
+    archs = data.get("architectures")
+    if archs is None:
         raise InputError(f"{path}: missing key 'architectures'; supported: {_supported()}")
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise InputError(
+            f"{path}: field 'architectures' is {archs!r}; it must be a list of names, "
+            f'e.g. ["LlamaForCausalLM"] (supported: {_supported()})'
+        )
     arch = archs[0]
     model = ARCHITECTURES.get(arch)
     if model is None:

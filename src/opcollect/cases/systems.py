@@ -26,10 +26,18 @@ class System(Frozen):
 
 def load_systems(systems_dir: Path) -> dict[str, System]:
     systems: dict[str, System] = {}
+    owner: dict[str, Path] = {}  # device name -> the file that lists it: a device is one system
     for path in sorted(Path(systems_dir).glob("*.yaml")):
         system = load_typed(path, System)
         if system.name != path.stem:
             raise InputError(f"{path}: field 'name' is {system.name!r}; expected {path.stem!r} (the file name)")
+        for device in system.devices:
+            if device in owner:
+                raise InputError(
+                    f"{path}: field 'devices': {device!r} is also listed by {owner[device]}; "
+                    "a device belongs to one system, remove it from one of them"
+                )
+            owner[device] = path
         systems[system.name] = system
     if not systems:
         raise InputError(f"{systems_dir}: no system YAML files; restore systems/ from the repository")

@@ -16,6 +16,7 @@ from typing import Callable
 from opcollect.errors import InputError
 from opcollect.images.context import BuildPlan, plan_build, render_context
 from opcollect.images.engine import connect, ensure_image
+from opcollect.images.pins import load_pins
 from opcollect.project import ProjectTree
 
 
@@ -116,3 +117,87 @@ def _stream_build(client, context: Path, plan: BuildPlan, say: Callable[[str], N
     if image_id is None:
         image_id = client.images.get(plan.tag).id
     return image_id
+
+
+@dataclass(frozen=True)
+class Pruned:
+    removed: tuple[str, ...]  # tags (or image IDs) removed
+    kept: tuple[str, ...]  # current images, and stale ones a container still uses
+    freed_bytes: int
+
+
+def _current_tags(tree: ProjectTree, pins_path: Path | None, images: list, local_id) -> set[str]:
+    """Tags `opcollect build` would reuse now: each backend's current pin, and each local base still here."""
+    pins = load_pins(pins_path or tree.pins)
+    wanted: set[tuple[str, str | None]] = set()
+    for image in images:
+        backend, base = image.labels["io.opcollect.backend"], image.labels.get("org.opencontainers.image.base.name")
+        if backend in pins.backends:
+            wanted.add((backend, None))  # the current pin
+            if base and "@sha256:" not in base:
+                wanted.add((backend, base))  # a local base: current while that image is here
+    tags = set()
+    for backend, base in wanted:
+        try:
+            tags.add(plan_build(tree, backend, pins_path, base, local_id).tag)
+        except InputError:
+            pass  # a local base that is gone: nothing built on it is current
+    return tags
+
+
+def _layers_size(client) -> int:
+    return int(client.df().get("LayersSize") or 0)
+
+
+def prune_images(
+    tree: ProjectTree,
+    backends: list[str] | None = None,
+    pins_path: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> Pruned:
+    """Remove the collector images (tags opcollect/<backend>:..., with this project's labels) that neither a
+    current pin nor a local base image that is still here names with the current input hash of ``tree``.
+
+    Base images (the pins' and the local ones) carry no opcollect labels and are never touched; an image
+    also tagged outside opcollect/ is left alone; one a container still uses is kept and named.
+    """
+    from docker.errors import APIError, ImageNotFound
+
+    client = connect()
+
+    def local_id(ref: str) -> str:
+        try:
+            return client.images.get(ref).id
+        except ImageNotFound:
+            raise InputError(f"{ref}: gone") from None
+
+    images = [
+        image
+        for image in client.images.list(filters={"label": "io.opcollect.input-hash"})
+        if "io.opcollect.backend" in image.labels
+        and (backends is None or image.labels["io.opcollect.backend"] in backends)
+        and all(tag.startswith(f"opcollect/{image.labels['io.opcollect.backend']}:") for tag in image.tags)
+    ]
+    current = _current_tags(tree, pins_path, images, local_id)
+    before = _layers_size(client)
+    removed, kept = [], []
+    for image in images:
+        if current.intersection(image.tags):
+            kept.extend(image.tags)
+            say(f"kept {', '.join(image.tags)} (current)")
+            continue
+        for name in image.tags or [image.id]:  # a tag at a time: never forced, so an image in use stays
+            try:
+                client.images.remove(name)
+                removed.append(name)
+                say(f"removed {name} ({image.short_id.split(':')[-1]})")
+            except ImageNotFound:
+                pass
+            except APIError as exc:
+                if exc.status_code != 409:
+                    raise
+                kept.append(name)
+                say(f"kept {name}: {str(exc.explanation or exc).split(' - ')[-1].strip()}")
+    freed = max(0, before - _layers_size(client)) if removed else 0
+    say(f"pruned {len(removed)} images, freed {freed} bytes ({freed / 1e6:.1f} MB); kept {len(kept)}")
+    return Pruned(tuple(removed), tuple(kept), freed)

@@ -12,9 +12,6 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 from opcollect.cases.profiles import ModelShapes
 
-BACKENDS = ("torch", "vllm", "sglang", "trtllm")
-SMS = ("80", "86", "89", "90", "100", "103", "120", "cpu")
-
 
 def sm_at_least(sm: str, minimum: int) -> bool:
     """True for a GPU SM at or above ``minimum``; the CPU has no SM."""
@@ -58,10 +55,6 @@ class Group:
         dtype_field = next(iter(self.constants))
         template = id_template(self.op, self.case_type._fields, dtype_field, self.constants[dtype_field])
         return list(map(template.__mod__, self.values))
-
-    @cached_property
-    def cases(self) -> list[NamedTuple]:
-        return list(map(self.case_type._make, self.values))
 
     @property
     def dtype(self) -> str:

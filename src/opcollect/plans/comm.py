@@ -6,6 +6,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import CommGrid
 from opcollect.cases.profiles import ModelShapes
+from opcollect.names import BACKENDS
 from opcollect.plans.base import Group, OpPlan, make_groups
 
 
@@ -40,7 +41,7 @@ PLAN = OpPlan(
     dtype_fields=("nccl_dtype",),
     expand=expand,
     tp_sizes=lambda grid: (),
-    dispatch={backend: _dispatch for backend in ("torch", "vllm", "sglang", "trtllm")},
+    dispatch={backend: _dispatch for backend in BACKENDS},
     cost=lambda c: float(c.message_size) * c.num_gpus,
-    batch_key={backend: _one_process_group for backend in ("torch", "vllm", "sglang", "trtllm")},
+    batch_key={backend: _one_process_group for backend in BACKENDS},
 )

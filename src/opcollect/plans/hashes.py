@@ -1,4 +1,4 @@
-"""collector_hash (the collector source) and plan_hash (the canonical plan), stable everywhere.
+"""collector_hash (the collector source), plan_hash and content_hash (the canonical plan), stable everywhere.
 
 collector_hash: sha256 over the sorted relative POSIX paths and contents of every .py, .yaml, .yml,
 .sh and .patch file and every Dockerfile under src/opcollect/, cases/, systems/ and images/; never
@@ -8,8 +8,9 @@ JSON, caches or __pycache__. File order, mtimes and the working directory do not
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 HASHED_DIRS = ("src/opcollect", "cases", "systems", "images")
 HASHED_SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".patch")
@@ -49,6 +50,35 @@ def plan_hash(header: Iterable[str], lines: Iterable[str]) -> str:
     digest.update(("\n".join(header) + "\n").encode())
     digest.update("\n".join(sorted(lines)).encode())
     return digest.hexdigest()
+
+
+def plan_header(backend: str, sm: str) -> list[str]:
+    return [f"backend={backend}", f"sm={sm}"]
+
+
+def canonical_lines(ids: Sequence[str], dispatch: Sequence[str], rows) -> list[str]:
+    """'case_id<TAB>dispatch[<TAB>row_id]' per case; ``rows`` None means each case is its own row.
+
+    ``rows`` are (row_id, dispatch, case_ids) triples, in any order.
+    """
+    if rows is None:
+        return list(map("%s\t%s".__mod__, zip(ids, dispatch)))
+    return [f"{case_id}\t{row_dispatch}\t{row_id}" for row_id, row_dispatch, case_ids in rows for case_id in case_ids]
+
+
+def content_hash(
+    backend: str, sm: str, whole_plan_hash: str, shard: tuple[int, int] | None, selection: dict, lines: Iterable[str]
+) -> str:
+    """The identity of one plan file: the whole plan's hash, its shard, its selection and its own cases.
+
+    Shards of one plan share plan_hash; each has its own content_hash, which a run directory keeps.
+    """
+    header = plan_header(backend, sm) + [
+        f"plan_hash={whole_plan_hash}",
+        f"shard={'none' if shard is None else f'{shard[0]}/{shard[1]}'}",
+        "selection=" + json.dumps(selection, sort_keys=True, separators=(",", ":")),
+    ]
+    return plan_hash(header, lines)
 
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "collector_hash.txt"

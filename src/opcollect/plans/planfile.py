@@ -2,18 +2,22 @@
 
 The runtime reads only this file (never the YAML), so it carries everything a run needs: the
 identity (backend, SM, hashes, shard) and per op the table, the case columns, dispatch and batch rows.
+Reading a plan re-derives every case ID from its columns and recomputes content_hash (and, for an
+unsharded plan, plan_hash) from what the file holds, so an edited plan is refused, never trusted.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from opcollect.errors import InputError
+from opcollect.files import write_atomic
+from opcollect.names import BACKENDS, SMS
+from opcollect.plans.base import id_template
+from opcollect.plans.hashes import canonical_lines, content_hash, plan_hash, plan_header
 from opcollect.plans.ops import OPS
 from opcollect.plans.planner import Plan, Row
 
@@ -40,20 +44,33 @@ class PlanFile:
     backend: str
     sm: str
     collector_hash: str
-    plan_hash: str
+    plan_hash: str  # of the whole selection, shared by its shards
+    content_hash: str  # of this file: plan_hash, shard, selection and its own cases
     shard: tuple[int, int] | None
-    smoke: bool
-    case_filter: str | None
-    model_configs: tuple[str, ...]
+    selection: dict  # ops, smoke, case_filter, model_configs
     ops: dict[str, PlannedOp]
 
     @property
     def total_cases(self) -> int:
         return sum(len(p.ids) for p in self.ops.values())
 
+    @property
+    def shard_label(self) -> str | None:
+        return None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}"
+
+
+def _selection(plan: Plan) -> dict:
+    return {
+        "ops": list(plan.options.ops),
+        "smoke": plan.options.smoke,
+        "case_filter": plan.options.case_filter,
+        "model_configs": list(plan.model_configs),
+    }
+
 
 def to_json(plan: Plan) -> dict:
     ops = {}
+    lines: list[str] = []
     for name, sel in plan.ops.items():
         fields = sel.op.fields
         ops[name] = {
@@ -68,6 +85,8 @@ def to_json(plan: Plan) -> dict:
             if sel.rows is None
             else [{"row_id": r.row_id, "dispatch": r.dispatch, "case_ids": list(r.case_ids)} for r in sel.rows],
         }
+        lines.extend(canonical_lines(sel.ids, sel.dispatch, sel.rows))
+    selection = _selection(plan)
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -75,33 +94,13 @@ def to_json(plan: Plan) -> dict:
         "sm": plan.sm,
         "collector_hash": plan.collector_hash,
         "plan_hash": plan.plan_hash,
+        "content_hash": content_hash(plan.backend, plan.sm, plan.plan_hash, plan.options.shard, selection, lines),
         "shard": None
         if plan.options.shard is None
         else {"index": plan.options.shard[0], "count": plan.options.shard[1]},
-        "selection": {
-            "ops": list(plan.options.ops),
-            "smoke": plan.options.smoke,
-            "case_filter": plan.options.case_filter,
-            "model_configs": list(plan.model_configs),
-        },
+        "selection": selection,
         "ops": ops,
     }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that readers see the old content or the new, never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_plan(plan: Plan, path: Path) -> None:
@@ -110,53 +109,97 @@ def write_plan(plan: Plan, path: Path) -> None:
 
 def read_plan_json(path: Path) -> dict:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_bytes())
     except OSError as exc:
         raise InputError(f"{path}: cannot read plan ({exc.strerror}); write one with `opcollect plan -o`") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}: not a plan file (invalid JSON at line {exc.lineno}); write one with `opcollect plan -o`"
-        ) from None
+    except ValueError as exc:  # invalid JSON or not UTF-8
+        where = f" (invalid JSON at line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise InputError(f"{path}: not a plan file{where}; write one with `opcollect plan -o`") from None
     return data
 
 
-def parse_plan(path: Path, data: dict) -> PlanFile:
+class _Broken(Exception):
+    """A field of a plan file that is missing or of the wrong kind: (field path, what is wrong)."""
+
+
+def _field(data: dict, key: str, kind: type | tuple, where: str = ""):
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, kind):
+        raise _Broken(f"{where}{key}", "missing" if value is None else f"not a {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _parse_op(name: str, raw: dict, typed: bool) -> tuple[PlannedOp, list[str]]:
+    """One op of the file, with its canonical lines; every case ID is re-derived from its columns."""
+    op = OPS.get(name)
+    if op is None:
+        raise _Broken(f"ops.{name}", f"unknown op; known: {', '.join(OPS)}")
+    where = f"ops.{name}."
+    if list(_field(raw, "fields", list, where)) != list(op.fields):
+        raise _Broken(f"{where}fields", f"{raw['fields']} differs from {list(op.fields)}")
+    ids = _field(raw, "case_id", list, where)
+    dispatch = _field(raw, "dispatch", list, where)
+    raw_columns = _field(raw, "columns", dict, where)
+    columns = [_field(raw_columns, f, list, f"{where}columns.") for f in op.fields]
+    if any(len(c) != len(ids) for c in columns) or len(dispatch) != len(ids):
+        raise _Broken(f"{where}columns", f"column lengths differ from the {len(ids)} case IDs")
+    values = list(zip(*columns)) if ids else []
+    dtype_at = op.fields.index(op.dtype_field)
+    templates: dict[object, str] = {}
+    for case_id, value in zip(ids, values):
+        dtype = value[dtype_at]
+        template = templates.get(dtype)
+        if template is None:
+            template = templates[dtype] = id_template(name, op.fields, op.dtype_field, dtype)
+        if template % value != case_id:
+            raise _Broken(f"{where}columns", f"case {case_id} holds {template % value}")
+    raw_rows = raw.get("rows")
+    if raw_rows is None:
+        rows = [Row(case_id, d, (case_id,)) for case_id, d in zip(ids, dispatch)]
+    else:
+        rows = [Row(str(r["row_id"]), str(r["dispatch"]), tuple(r["case_ids"])) for r in raw_rows]
+    lines = canonical_lines(ids, dispatch, None if raw_rows is None else rows)
+    cases = list(map(op.case_type._make, values)) if typed else []
+    planned = PlannedOp(name, op.table, op.family, op.op_name, cases, ids, dispatch, rows)
+    return planned, lines
+
+
+def parse_plan(path: Path, data: dict, typed: bool = True) -> PlanFile:
+    """The plan ``data`` read from ``path``, verified; ``typed=False`` leaves PlannedOp.cases empty."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(f"{path}: not an opcollect plan file (field 'format' is not {FORMAT!r})")
     if data.get("format_version") != FORMAT_VERSION:
         found = data.get("format_version")
         raise InputError(f"{path}: plan format_version {found!r}; this opcollect reads {FORMAT_VERSION}; re-plan")
-    ops = {}
-    for name, raw in data["ops"].items():
-        op = OPS.get(name)
-        if op is None:
-            raise InputError(f"{path}: field 'ops.{name}': unknown op; known: {', '.join(OPS)}")
-        if list(raw["fields"]) != list(op.fields):
-            raise InputError(
-                f"{path}: field 'ops.{name}.fields' {raw['fields']} differs from {list(op.fields)}; re-plan"
-            )
-        columns = [raw["columns"][f] for f in op.fields]
-        cases = [op.case_type._make(values) for values in zip(*columns)] if raw["case_id"] else []
-        ids = list(raw["case_id"])
-        dispatch = list(raw["dispatch"])
-        if raw["rows"] is None:
-            rows = [Row(case_id, d, (case_id,)) for case_id, d in zip(ids, dispatch)]
-        else:
-            rows = [Row(r["row_id"], r["dispatch"], tuple(r["case_ids"])) for r in raw["rows"]]
-        ops[name] = PlannedOp(name, raw["table"], raw["family"], raw["op_name"], cases, ids, dispatch, rows)
-    shard = data.get("shard")
-    selection = data.get("selection", {})
-    return PlanFile(
-        backend=data["backend"],
-        sm=data["sm"],
-        collector_hash=data["collector_hash"],
-        plan_hash=data["plan_hash"],
-        shard=None if shard is None else (shard["index"], shard["count"]),
-        smoke=bool(selection.get("smoke")),
-        case_filter=selection.get("case_filter"),
-        model_configs=tuple(selection.get("model_configs", ())),
-        ops=ops,
-    )
+    try:
+        backend = _field(data, "backend", str)
+        sm = _field(data, "sm", str)
+        if backend not in BACKENDS and not backend.replace("_", "").replace(".", "").isalnum():
+            raise _Broken("backend", f"{backend!r} is neither a backend ({', '.join(BACKENDS)}) nor a module path")
+        if sm not in SMS:
+            raise _Broken("sm", f"{sm!r} is not one of {', '.join(SMS)}")
+        shard_raw = data.get("shard")
+        shard = None if shard_raw is None else (int(shard_raw["index"]), int(shard_raw["count"]))
+        selection = _field(data, "selection", dict)
+        ops: dict[str, PlannedOp] = {}
+        lines: list[str] = []
+        for name, raw in _field(data, "ops", dict).items():
+            ops[name], op_lines = _parse_op(name, raw, typed)
+            lines.extend(op_lines)
+        whole = _field(data, "plan_hash", str)
+        if shard is None and plan_hash(plan_header(backend, sm), lines) != whole:
+            raise _Broken("plan_hash", "differs from the hash of the cases the file holds")
+        if content_hash(backend, sm, whole, shard, selection, lines) != _field(data, "content_hash", str):
+            raise _Broken("content_hash", "differs from the hash of what the file holds")
+        collector = _field(data, "collector_hash", str)
+    except _Broken as exc:
+        field, problem = exc.args
+        raise InputError(f"{path}: field '{field}': {problem}; the plan was edited or is damaged, re-plan") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(
+            f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-plan with `opcollect plan -o`"
+        ) from None
+    return PlanFile(backend, sm, collector, whole, data["content_hash"], shard, selection, ops)
 
 
 def read_plan(path: Path) -> PlanFile:

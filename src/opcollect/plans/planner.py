@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
 from opcollect.cases.sources import CaseSources, load_sources
 from opcollect.errors import InputError
+from opcollect.names import BACKENDS, SMS, sm_label
 from opcollect.plans import skips
-from opcollect.plans.base import BACKENDS, SMS, Group, OpPlan, id_template
-from opcollect.plans.hashes import collector_hash, plan_hash
+from opcollect.plans.base import Group, OpPlan, id_template
+from opcollect.plans.hashes import canonical_lines, collector_hash, plan_hash, plan_header
 from opcollect.plans.ops import OPS
 from opcollect.project import ProjectTree
 
@@ -40,8 +40,7 @@ class PlanOptions:
                 raise InputError(f"--shard {index}/{count}: need 0 <= i < N (shards are counted from 0)")
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One task of the runtime: a batch of cases timed together (batch_rows), or one case."""
 
     row_id: str
@@ -60,11 +59,6 @@ class OpSelection:
     by_dtype: dict[str, int] = field(default_factory=dict)
     by_dispatch: dict[str, int] = field(default_factory=dict)
 
-    @cached_property
-    def cases(self) -> list[NamedTuple]:
-        """The kept cases as typed values."""
-        return list(map(self.op.case_type._make, self.values))
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -79,6 +73,26 @@ class Plan:
     @property
     def total_cases(self) -> int:
         return sum(len(s.ids) for s in self.ops.values())
+
+
+def require_cases(plan: Plan, target: str) -> None:
+    """Refuse a plan that selects no case: running it would do nothing and report success."""
+    if plan.total_cases:
+        return
+    options = plan.options
+    skipped: Counter[str] = Counter()
+    for selection in plan.ops.values():
+        skipped.update(selection.skipped)
+    why = [f"{count} left out by skip {entry!r}" for entry, count in skipped.most_common(2)]
+    if options.case_filter:
+        why.append(f"--case-filter {options.case_filter!r}")
+    if options.shard is not None:
+        why.append(f"--shard {options.shard[0]}/{options.shard[1]}")
+    raise InputError(
+        f"{target}: {sm_label(plan.backend, plan.sm)} with --ops {','.join(options.ops)} selects 0 cases"
+        + (f" ({'; '.join(why)})" if why else "")
+        + "; nothing to run: widen --ops or --case-filter, use fewer shards, or choose another --sm or --backend"
+    )
 
 
 class _Picked(NamedTuple):
@@ -119,7 +133,7 @@ class Planner:
             selection = self._select(OPS[op], backend, sm, options)
             selections[op] = selection
             canonical.extend(_canonical_lines(selection))
-        digest = plan_hash([f"backend={backend}", f"sm={sm}"], canonical)
+        digest = plan_hash(plan_header(backend, sm), canonical)
         if options.shard is not None:
             selections = {op: _shard(s, *options.shard) for op, s in selections.items()}
         return Plan(backend, sm, self.collector_hash, digest, options, selections, self.model_configs)
@@ -188,7 +202,7 @@ def plan_of_cases(
         dict(Counter(op.label_of(c) for c in cases)),
         dict(Counter(dispatches)),
     )
-    digest = plan_hash([f"backend={backend}", f"sm={sm}"], _canonical_lines(selection))
+    digest = plan_hash(plan_header(backend, sm), _canonical_lines(selection))
     return Plan(backend, sm, collector_hash, digest, PlanOptions(ops=(op_name,)), {op_name: selection})
 
 
@@ -237,10 +251,7 @@ def check_exactly_once(op: str, ids: list[str], rows: list[Row]) -> None:
 
 
 def _canonical_lines(selection: OpSelection) -> list[str]:
-    """'case_id<TAB>dispatch[<TAB>row_id]' per case; the row is implicit when it is the case itself."""
-    if selection.rows is None:
-        return list(map("%s\t%s".__mod__, zip(selection.ids, selection.dispatch)))
-    return [f"{case_id}\t{row.dispatch}\t{row.row_id}" for row in selection.rows for case_id in row.case_ids]
+    return canonical_lines(selection.ids, selection.dispatch, selection.rows)
 
 
 def _shard(selection: OpSelection, index: int, count: int) -> OpSelection:

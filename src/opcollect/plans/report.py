@@ -6,8 +6,9 @@ import csv
 import io
 from pathlib import Path
 
+from opcollect.files import write_atomic
+from opcollect.names import sm_label
 from opcollect.plans import skips
-from opcollect.plans.planfile import write_atomic
 from opcollect.plans.planner import Plan
 
 
@@ -61,7 +62,9 @@ def render(summaries: list[dict], terminal: bool) -> str:
             dispatch = ", ".join(info["by_dispatch"])
             rows.append((s["backend"], s["sm"], op, str(info["cases"]), str(skipped), dtypes, dispatch))
     header = ("backend", "sm", "op", "cases", "skipped", "by dtype", "dispatch")
-    footer = [f"{s['backend']} sm{s['sm']}: {s['cases']} cases, plan_hash {s['plan_hash'][:16]}" for s in summaries]
+    footer = [
+        f"{sm_label(s['backend'], s['sm'])}: {s['cases']} cases, plan_hash {s['plan_hash'][:16]}" for s in summaries
+    ]
     if terminal:
         from rich.console import Console
         from rich.table import Table

@@ -17,8 +17,9 @@ from functools import cache
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
+from opcollect.names import GPU_SMS
+
 GROUP_KEYS = ("backend", "op", "sm", "dtype", "dispatch")
-GPU_SMS = ["80", "86", "89", "90", "100", "103", "120"]
 ATTENTION = ["attention_context", "attention_generation"]
 MLA = ["mla_context", "mla_generation"]
 
@@ -45,7 +46,7 @@ SKIPS: list[Skip] = [
     skip("nvfp4-needs-sm100", dtype="nvfp4", sm=["80", "86", "89", "90", "cpu"]),
     # No serving framework runs float32 GEMMs, attention or experts on a GPU; float32 is the CPU's
     # native baseline for the torch backend only.
-    skip("float32-only-on-cpu", dtype="float32", sm=GPU_SMS),
+    skip("float32-only-on-cpu", dtype="float32", sm=list(GPU_SMS)),
     # Plain PyTorch has no block-scaled fp8, fp4 or int4 weight-only GEMM: each case would fail.
     skip("torch-no-quantized-gemm", backend="torch", op="gemm", dtype=["fp8_block", "nvfp4", "int4_wo"]),
     # The torch MoE and MLA runners are bf16/fp32 references: quantized experts or latent caches would be

@@ -9,7 +9,6 @@ from typing import Literal
 from opcollect.runtime.contract import KernelLimit
 
 ErrorClass = Literal["kernel_limit", "oom", "timeout", "crash", "unexpected"]
-ERROR_CLASSES: tuple[str, ...] = ("kernel_limit", "oom", "timeout", "crash", "unexpected")
 
 # a kernel saying no: unsupported shapes, dtypes or architectures
 _LIMIT_PATTERNS = (

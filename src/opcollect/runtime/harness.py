@@ -8,6 +8,7 @@ until ``max_case_seconds`` have passed. It reports the median as latency, in mil
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -59,20 +60,17 @@ class Stats:
     throttled_dropped: int = 0
 
 
-def quantile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not sorted_values:
-        raise ValueError("no samples")
-    pos = (len(sorted_values) - 1) * q
-    low = int(pos)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
+    """p25, median and p75 by linear interpolation between closest ranks (numpy's default)."""
+    if len(samples) == 1:
+        return samples[0], samples[0], samples[0]
+    p25, median, p75 = statistics.quantiles(samples, n=4, method="inclusive")
+    return p25, median, p75
 
 
 def relative_iqr(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    median = quantile(ordered, 0.5)
-    return (quantile(ordered, 0.75) - quantile(ordered, 0.25)) / median if median > 0 else float("inf")
+    p25, median, p75 = quartiles(samples)
+    return (p75 - p25) / median if median > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -131,14 +129,13 @@ def sample_until_stable(
 def summarize(raw: Sampled, timing: Timing, calls_per_sample: int, **extra) -> Stats:
     if not raw.samples:
         raise RuntimeError(f"no usable sample: {raw.dropped} dropped")
-    ordered = sorted(raw.samples)
-    median = quantile(ordered, 0.5)
+    p25, median, p75 = quartiles(raw.samples)
     return Stats(
         latency=median * 1e3,
-        latency_p25=quantile(ordered, 0.25) * 1e3,
-        latency_p75=quantile(ordered, 0.75) * 1e3,
-        samples=len(ordered),
-        noise=(quantile(ordered, 0.75) - quantile(ordered, 0.25)) / median if median > 0 else float("inf"),
+        latency_p25=p25 * 1e3,
+        latency_p75=p75 * 1e3,
+        samples=len(raw.samples),
+        noise=(p75 - p25) / median if median > 0 else float("inf"),
         timing=timing,
         calls_per_sample=calls_per_sample,
         sampled_seconds=raw.sampled_seconds,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from opcollect.backends import load_backend
 from opcollect.errors import InputError
+from opcollect.files import write_atomic
 from opcollect.plans.hashes import installed_collector_hash
-from opcollect.plans.planfile import PlanFile, read_plan, write_atomic
+from opcollect.plans.planfile import PlanFile, read_plan
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.harness import TimingConfig
 from opcollect.runtime.pool import Pool, Task
@@ -88,6 +89,8 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     plan = read_plan(plan_path)
     check_collector(plan_path, plan)
     run_dir = Path(run_dir)
+    # the run directory exists before the backend loads: a run killed at any point can be resumed
+    before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
     backend = load_backend(plan.backend)
     devices = _resolve_devices(backend, plan, options)
     found = backend.identity(devices[0])["version"]
@@ -96,7 +99,6 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
             f"{plan.backend} {found} is installed, the pin says {options.expect_version}; rebuild the "
             "image from pins.yaml (opcollect build) or bump the pin"
         )
-    before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
     skip = before.done(options.retry_failed)
     tasks = _tasks(plan, skip, before.attempts)
     kind = "cpu" if devices[0] == "cpu" else "cuda"
@@ -108,7 +110,7 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
         "collected_at": now_iso(),
         "finished_at": None,
         "host": socket.gethostname(),
-        "shard": None if plan.shard is None else f"{plan.shard[0]}/{plan.shard[1]}",
+        "shard": plan.shard_label,
         "rows": 0,
         "failures": 0,
         "image": options.image,

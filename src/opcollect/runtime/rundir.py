@@ -1,7 +1,8 @@
 """The run directory: the plan it runs, its identity, shards, events and worker logs.
 
 RUN_DIR/plan.json         the plan file, copied at the first run
-RUN_DIR/run.json          plan_hash, collector_hash, backend, sm: a resume must match them
+RUN_DIR/run.json          plan_hash, content_hash (plan, shard and selection), collector_hash, backend,
+                          sm: a resume must hold the same content_hash
 RUN_DIR/shards/*.jsonl    records, one file per worker slot and run (see shards.py)
 RUN_DIR/events/<run_id>.json  one per `run` invocation: when, where, rows, failures
 RUN_DIR/logs/             worker stderr
@@ -10,12 +11,12 @@ RUN_DIR/logs/             worker stderr
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from opcollect.errors import InputError
-from opcollect.plans.planfile import PlanFile, write_atomic
+from opcollect.files import write_atomic
+from opcollect.plans.planfile import PlanFile
 from opcollect.runtime.shards import read_shard, shard_paths
 
 
@@ -51,42 +52,98 @@ def recorded(run_dir: Path) -> Recorded:
     return Recorded(latest)
 
 
-_SKELETON = {"plan.json", ".plan.json.tmp", "shards", "events", "logs"}
+_SKELETON = {"plan.json", "shards", "events", "logs"}
 
 
 def _unstarted(run_dir: Path) -> bool:
     """Empty, or left by a run killed before it wrote run.json (so it recorded nothing)."""
-    names = {p.name for p in run_dir.iterdir()}
+    names = {p.name for p in run_dir.iterdir() if not p.name.startswith(".plan.json.")}
     return names <= _SKELETON and not shard_paths(run_dir)
+
+
+def identity_of(plan: PlanFile) -> dict:
+    """What run.json holds: a resume must run a plan with the same content_hash."""
+    return {
+        "plan_hash": plan.plan_hash,
+        "content_hash": plan.content_hash,
+        "collector_hash": plan.collector_hash,
+        "backend": plan.backend,
+        "sm": plan.sm,
+        "shard": plan.shard_label,
+        "selection": plan.selection,
+    }
+
+
+def read_identity(run_dir: Path) -> dict:
+    """RUN_DIR/run.json, checked to be one; InputError for a damaged or foreign file."""
+    path = Path(run_dir) / "run.json"
+    try:
+        identity = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise InputError(f"{run_dir}: not a run directory (no run.json); give the --out of `opcollect run`") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    except ValueError:
+        raise InputError(f"{path}: not valid JSON; the run directory is damaged, collect into a new --out") from None
+    missing = (
+        [k for k in ("plan_hash", "content_hash", "collector_hash", "backend", "sm") if k not in identity]
+        if (isinstance(identity, dict))
+        else ["plan_hash"]
+    )
+    if missing:
+        raise InputError(
+            f"{path}: field '{missing[0]}' is missing; the run directory is damaged or of an older opcollect"
+        )
+    return identity
+
+
+def describe_identity(identity: dict) -> str:
+    shard = f" shard {identity['shard']}" if identity.get("shard") else ""
+    selection = identity.get("selection") or {}
+    chosen = ",".join(selection.get("ops", ())) + (" smoke" if selection.get("smoke") else "")
+    if selection.get("case_filter"):
+        chosen += f" filter {selection['case_filter']!r}"
+    return f"plan_hash {identity['plan_hash']}{shard} ({chosen})"
+
+
+def check_same_plan(run_dir: Path, plan: PlanFile) -> None:
+    """Refuse a run directory that holds another plan, shard or selection, naming both."""
+    held = read_identity(run_dir)
+    if held["content_hash"] != plan.content_hash:
+        raise InputError(
+            f"{run_dir}: holds {describe_identity(held)}, not {describe_identity(identity_of(plan))}; "
+            "use another --out for a different plan or shard"
+        )
+
+
+def check_run_dir(run_dir: Path, plan: PlanFile, resume: bool) -> bool:
+    """Whether RUN_DIR already holds a run of ``plan``; refuses every other state, creating nothing."""
+    run_dir = Path(run_dir)
+    if (run_dir / "run.json").exists():
+        check_same_plan(run_dir, plan)
+        if not resume and shard_paths(run_dir):
+            raise InputError(f"{run_dir}: already holds a run of this plan; pass --resume to finish it")
+        return True
+    if resume and not run_dir.is_dir():
+        raise InputError(f"{run_dir}: does not exist, so there is nothing to resume; drop --resume to start a run")
+    check_fresh(run_dir)
+    return False
+
+
+def check_fresh(run_dir: Path) -> None:
+    """Refuse to start a run in a path that exists and is neither empty nor an unstarted run directory."""
+    if run_dir.exists() and (not run_dir.is_dir() or not _unstarted(run_dir)):
+        raise InputError(f"{run_dir}: exists and is not a run directory; choose an empty or new --out")
 
 
 def prepare_run_dir(run_dir: Path, plan_path: Path, plan: PlanFile, resume: bool) -> Recorded:
     """Create RUN_DIR for ``plan``, or check that it holds this plan and return what it recorded."""
     run_dir = Path(run_dir)
-    identity_path = run_dir / "run.json"
-    if identity_path.exists():
-        identity = json.loads(identity_path.read_text())
-        if identity.get("plan_hash") != plan.plan_hash:
-            raise InputError(
-                f"{run_dir}: holds plan_hash {identity.get('plan_hash')}, the plan has {plan.plan_hash}; "
-                "use another --out for a different plan"
-            )
-        if not resume:
-            raise InputError(f"{run_dir}: already holds a run of this plan; pass --resume to finish it")
+    if check_run_dir(run_dir, plan, resume):
         return recorded(run_dir)
-    if run_dir.exists() and not _unstarted(run_dir):
-        raise InputError(f"{run_dir}: exists and is not a run directory; choose an empty or new --out")
     for sub in ("shards", "events", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     if Path(plan_path).resolve() != (run_dir / "plan.json").resolve():
-        shutil.copyfile(plan_path, run_dir / ".plan.json.tmp")
-        (run_dir / ".plan.json.tmp").replace(run_dir / "plan.json")
-    identity = {
-        "plan_hash": plan.plan_hash,
-        "collector_hash": plan.collector_hash,
-        "backend": plan.backend,
-        "sm": plan.sm,
-        "shard": None if plan.shard is None else f"{plan.shard[0]}/{plan.shard[1]}",
-    }
-    write_atomic(identity_path, json.dumps(identity, indent=2) + "\n")
+        write_atomic(run_dir / "plan.json", Path(plan_path).read_bytes())
+    write_atomic(run_dir / "run.json", json.dumps(identity_of(plan), indent=2) + "\n")
     return Recorded({})

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from opcollect.tables.ingest import RunData
-from opcollect.tables.schema import TableSchema, table_files
+from opcollect.tables.schema import TableSchema, read_parquet, table_files
 
 CANDIDATE_TYPES = {
     "ok": pa.bool_(),
@@ -89,7 +88,7 @@ def old_candidates(directory: Path, schema: TableSchema) -> pa.Table | None:
         measured = ("kernel_source", "latency", "latency_p25", "latency_p75", "samples", "noise", "timing")
         parts.append(
             _candidates(
-                pq.read_table(directory / perf_name),
+                read_parquet(directory / perf_name),
                 schema,
                 {"ok": True, "recorded_at": "", "attempt": 1, **{c: c for c in measured}},
             )
@@ -97,7 +96,7 @@ def old_candidates(directory: Path, schema: TableSchema) -> pa.Table | None:
     if (directory / failures_name).is_file():
         parts.append(
             _candidates(
-                pq.read_table(directory / failures_name),
+                read_parquet(directory / failures_name),
                 schema,
                 {
                     "ok": False,

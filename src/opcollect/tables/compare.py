@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from opcollect.errors import InputError
-from opcollect.tables.schema import TableSchema, schemas
+from opcollect.tables.schema import TableSchema, read_parquet, schemas
 
 STEP_TOLERANCE = 0.05  # a latency that drops by more than this along the sweep axis is non-monotonic
 
@@ -57,14 +56,6 @@ def _key(schema: TableSchema) -> list[str]:
     return ["op_name", *schema.key_fields]
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def non_monotonic_steps(table: pa.Table, schema: TableSchema) -> list[tuple[str, float, float]]:
     """Steps along the sweep axis where latency drops by more than STEP_TOLERANCE, other keys fixed."""
     axis = schema.sweep_axis
@@ -85,8 +76,8 @@ def compare_tables(old_path: Path, new_path: Path, op: str | None = None) -> Com
     if new_schema.name != schema.name:
         raise InputError(f"{old_file.name} and {new_file.name} are different tables; pick one with --op")
     keys = _key(schema)
-    old = pq.read_table(old_file, columns=[*keys, "latency"]).rename_columns([*keys, "old"])
-    new_full = pq.read_table(new_file)
+    old = read_parquet(old_file, columns=[*keys, "latency"]).rename_columns([*keys, "old"])
+    new_full = read_parquet(new_file)
     new = new_full.select([*keys, "latency"]).rename_columns([*keys, "new"])
     # several kernels per key (old reference tables): compare the fastest, which a simulator would pick
     old = old.group_by(keys).aggregate([("old", "min")]).rename_columns([*keys, "old"])
@@ -99,12 +90,13 @@ def compare_tables(old_path: Path, new_path: Path, op: str | None = None) -> Com
     ranked = sorted(zip(rows, ratio), key=lambda item: -abs(math.log(item[1])) if item[1] > 0 else -math.inf)
     largest = [(",".join(f"{k}={r[k]}" for k in keys), r["old"], r["new"], q) for r, q in ranked[:10]]
     axis = schema.sweep_axis
+    deciles = statistics.quantiles(ratio, n=10, method="inclusive") if len(ratio) > 1 else ratio * 9
     return Comparison(
         table=schema.name,
         shared=joined.num_rows,
         median=statistics.median(ratio),
-        p10=_percentile(ratio, 0.1),
-        p90=_percentile(ratio, 0.9),
+        p10=deciles[0],
+        p90=deciles[-1],
         largest=largest,
         non_monotonic=non_monotonic_steps(new_full, schema),
         axis=axis,

@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from opcollect.errors import InputError
-from opcollect.plans.planfile import FORMAT, read_plan_json
+from opcollect.plans.planfile import parse_plan, read_plan_json
+from opcollect.runtime.rundir import read_identity
 from opcollect.runtime.shards import read_lines, shard_paths
 from opcollect.tables.schema import MEASURED, schema_for_op
 
@@ -60,13 +61,13 @@ CASE_FIELDS = [name for name in RECORD.names if name not in RUNTIME_FIELDS or na
 class RunData:
     run_dir: Path
     backend: str
-    sm: str
     plan_hash: str
     collector_hash: str
     plan_cases: dict[str, pa.Table]  # op -> case_id + key fields, planned
     records: pa.Table  # case records: CASE_FIELDS minus kind, with stats flattened to stats.<name>
     runtimes: dict[str, dict]  # runtime_id -> identity
     events: list[dict]
+    garbage_lines: int  # complete shard lines that were no record: skipped, and counted
 
 
 def _intact(path: Path) -> bool:
@@ -78,22 +79,26 @@ def _intact(path: Path) -> bool:
         return handle.read(1) == b"\n"
 
 
-def _parse_shard(path: Path) -> pa.Table:
+def _parse_shard(path: Path) -> tuple[pa.Table, int]:
+    """The shard's lines, and how many complete lines were garbage (not a JSON object)."""
     options = pajson.ParseOptions(explicit_schema=RECORD, unexpected_field_behavior="ignore")
     if path.stat().st_size == 0:
-        return RECORD.empty_table()
+        return RECORD.empty_table(), 0
     try:
         if _intact(path):  # Arrow reads the file itself: no second copy in Python memory
-            return pajson.read_json(path, parse_options=options)
+            return pajson.read_json(path, parse_options=options), 0
         data = path.read_bytes()
         end = data.rfind(b"\n") + 1  # a torn tail is a record that was never written
-        return pajson.read_json(pa.py_buffer(data[:end]), parse_options=options) if end else RECORD.empty_table()
+        return (pajson.read_json(pa.py_buffer(data[:end]), parse_options=options) if end else RECORD.empty_table()), 0
     except pa.ArrowInvalid:
         rows = list(read_lines(path))
-        return pa.Table.from_pylist([{k: r.get(k) for k in RECORD.names} for r in rows], schema=RECORD)
+        with open(path, "rb") as handle:
+            complete = sum(1 for raw in handle if raw.endswith(b"\n"))
+        table = pa.Table.from_pylist([{k: r.get(k) for k in RECORD.names} for r in rows], schema=RECORD)
+        return table, complete - len(rows)
 
 
-def _plan_tables(path: Path, data: dict) -> dict[str, pa.Table]:
+def _plan_tables(data: dict) -> dict[str, pa.Table]:
     tables = {}
     for op, raw in data["ops"].items():
         schema = schema_for_op(op)
@@ -106,31 +111,44 @@ def _plan_tables(path: Path, data: dict) -> dict[str, pa.Table]:
 
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
-    identity_path = run_dir / "run.json"
-    if not identity_path.is_file():
-        raise InputError(f"{run_dir}: not a run directory (no run.json); give the --out of `opcollect run`")
-    identity = json.loads(identity_path.read_text())
-    plan = read_plan_json(run_dir / "plan.json")
-    if plan.get("format") != FORMAT:
-        raise InputError(f"{run_dir / 'plan.json'}: not an opcollect plan file")
-    plan_cases = _plan_tables(run_dir / "plan.json", plan)
-    del plan  # its Python lists are several times the size of the Arrow columns
+    identity = read_identity(run_dir)
+    plan_path = run_dir / "plan.json"
+    plan = read_plan_json(plan_path)
+    verified = parse_plan(plan_path, plan, typed=False)  # IDs re-derived, hashes recomputed
+    held = (identity["content_hash"], identity["backend"], identity["collector_hash"])
+    if held != (verified.content_hash, verified.backend, verified.collector_hash):
+        raise InputError(f"{run_dir / 'run.json'}: does not describe its plan.json; the run directory was altered")
+    plan_cases = _plan_tables(plan)
+    del plan, verified  # their Python lists are several times the size of the Arrow columns
     parts = [_parse_shard(p) for p in shard_paths(run_dir)]
-    lines = pa.concat_tables(parts) if parts else RECORD.empty_table()
+    lines = pa.concat_tables([table for table, _ in parts]) if parts else RECORD.empty_table()
+    garbage = sum(bad for _, bad in parts)
     del parts
+    # a JSON object that is neither a case record nor a runtime line is garbage too
+    garbage += lines.filter(pc.and_(pc.is_null(lines["case_id"]), pc.is_null(lines["kind"]))).num_rows
     # stats.latency, stats.samples, ...: flat columns, which joins can carry
     records = lines.filter(pc.is_valid(lines["case_id"])).select([c for c in CASE_FIELDS if c != "kind"]).flatten()
     announced = lines.filter(pc.equal(lines["kind"], "runtime")).select(list(RUNTIME_FIELDS)).to_pylist()
     runtimes = {line["runtime_id"]: line for line in announced}
-    events = [json.loads(p.read_text()) for p in sorted((run_dir / "events").glob("*.json"))]
+    events = [_read_event(p) for p in sorted((run_dir / "events").glob("*.json"))]
     return RunData(
         run_dir,
         identity["backend"],
-        identity["sm"],
         identity["plan_hash"],
         identity["collector_hash"],
         plan_cases,
         records,
         runtimes,
         events,
+        garbage,
     )
+
+
+def _read_event(path: Path) -> dict:
+    try:
+        event = json.loads(path.read_bytes())
+    except ValueError:
+        raise InputError(f"{path}: not valid JSON; delete that event file or collect into a new --out") from None
+    if not isinstance(event, dict) or not {"run_id", "collected_at", "host"} <= event.keys():
+        raise InputError(f"{path}: not a run event (needs run_id, collected_at, host); delete it or re-collect")
+    return event

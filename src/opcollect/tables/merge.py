@@ -12,6 +12,7 @@ import io
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,14 +21,14 @@ import pyarrow.parquet as pq
 from opcollect.cases.systems import System as SystemSpec
 from opcollect.cases.systems import load_systems, system_for_device
 from opcollect.errors import InputError
-from opcollect.images.pins import FRAMEWORK_NAMES
+from opcollect.names import FRAMEWORK_NAMES, path_name
 from opcollect.plans.hashes import collector_hash
 from opcollect.project import ProjectTree
 from opcollect.tables import sidecar as sc
 from opcollect.tables.candidates import latest_per_case, new_candidates, old_candidates, unique_planned
 from opcollect.tables.ingest import RunData, load_run
-from opcollect.tables.schema import TableSchema, schema_for_op, table_files
-from opcollect.tables.store import Staging, recover
+from opcollect.tables.schema import TableSchema, read_parquet, schema_for_op, table_files
+from opcollect.tables.store import Staging, check_into, locked, recover
 
 PARQUET = dict(compression="zstd", compression_level=3)
 
@@ -61,6 +62,10 @@ def _target(run: RunData, systems: dict[str, SystemSpec]) -> Target:
     system = system_for_device(systems, device)
     if system is None:
         raise InputError(f"{run.run_dir}: device {device!r} matches no systems/*.yaml; add it to that system's devices")
+    # each becomes a directory of TABLES: crafted run data must not reach outside it
+    path_name(system.name, f"systems/{system.name}.yaml: field 'name'")
+    path_name(run.backend, f"{run.run_dir / 'run.json'}: field 'backend'")
+    path_name(version, f"{run.run_dir / 'shards'}: runtime field 'version'")
     return Target(system, run.backend, version, device)
 
 
@@ -138,6 +143,7 @@ def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[sc.Event
                     image=e.get("image"),
                     image_digest=e.get("image_digest"),
                     plan_hash=run.plan_hash,
+                    garbage_lines=run.garbage_lines,
                 )
             )
     return events
@@ -158,13 +164,18 @@ def _runtime(target: Target, runs: list[RunData]) -> sc.Runtime:
     )
 
 
-def merge(run_dirs: list[Path], tables: Path, tree: ProjectTree | None) -> list[TableWritten]:
+def merge(
+    run_dirs: list[Path], tables: Path, tree: ProjectTree | None, wait: bool = True, say: Callable[[str], None] = print
+) -> list[TableWritten]:
+    """Merge the runs into TABLES under its lock; TABLES must be new, empty or a tree that verifies."""
     tables = Path(tables)
-    recover(tables)
     if tree is None:
         raise InputError("merge needs the systems/ of an opcollect checkout; pass --root")
     systems = load_systems(tree.systems)
     runs = [load_run(d) for d in run_dirs]
+    for run in runs:
+        if run.garbage_lines:
+            say(f"{run.run_dir}: skipped {run.garbage_lines} garbage shard lines (not a record)")
     groups: dict[tuple[str, str, str], list[RunData]] = defaultdict(list)
     targets: dict[tuple[str, str, str], Target] = {}
     for run in runs:
@@ -172,22 +183,26 @@ def merge(run_dirs: list[Path], tables: Path, tree: ProjectTree | None) -> list[
         key = (target.system.name, target.backend, target.version)
         targets[key] = target
         groups[key].append(run)
-    staging = Staging(tables)
-    written: list[TableWritten] = []
-    try:
-        for key, members in groups.items():
-            hashes = {r.collector_hash for r in members}
-            if len(hashes) > 1:
-                raise InputError(
-                    "runs of one table mix collector hashes "
-                    + ", ".join(f"{r.collector_hash[:12]} ({r.run_dir})" for r in members)
-                    + "; merge them into separate TABLES"
-                )
-            written += _merge_target(targets[key], members, hashes.pop(), tables, staging, tree)
-        staging.commit()
-    except BaseException:
-        staging.abandon()
-        raise
+    check_into(tables, verify=False)  # a file or a foreign directory: refused before the lock file appears
+    with locked(tables, wait, say):
+        recover(tables)
+        check_into(tables)
+        staging = Staging(tables)
+        written: list[TableWritten] = []
+        try:
+            for key, members in groups.items():
+                hashes = {r.collector_hash for r in members}
+                if len(hashes) > 1:
+                    raise InputError(
+                        "runs of one table mix collector hashes "
+                        + ", ".join(f"{r.collector_hash[:12]} ({r.run_dir})" for r in members)
+                        + "; merge them into separate TABLES"
+                    )
+                written += _merge_target(targets[key], members, hashes.pop(), tables, staging, tree)
+            staging.commit()
+        except BaseException:
+            staging.abandon()
+            raise
     return written
 
 
@@ -218,7 +233,7 @@ def _merge_table(
     perf, failures = build_outputs(target, schema, chosen)
     del chosen
     perf_name, failures_name, plan_name = table_files(schema.name)
-    stored = [pq.read_table(old_dir / plan_name)] if (old_dir / plan_name).is_file() else []
+    stored = [read_parquet(old_dir / plan_name)] if (old_dir / plan_name).is_file() else []
     planned = unique_planned(
         pa.concat_tables(
             stored

@@ -1,11 +1,11 @@
 """`opcollect check TABLES`: the data rules R1-R7 over every table directory under TABLES.
 
-R1 schema   columns, types and order are the table's schema
+R1 schema   each file reads as parquet; columns, types and order are the table's schema
 R2 keys     no two rows share a key
 R3 values   no nulls; latency finite and positive; p25 <= latency <= p75
 R4 account  every planned case is a row or a failure (a partial table's gaps are warnings), once,
             and nothing outside the plan is present
-R5 prov.    the sidecar validates, and its hashes and counts match the files
+R5 prov.    the sidecar (and manifest.json, when present) validates, and its hashes and counts match the files
 R6 identity every row's framework, version, device and op_name match the sidecar
 R7 noise    rows noisier than the bound are counted: a warning, a failure with --strict
 Legacy (schema 1) sidecars, like the reference tables', have no plan, hashes or identity: R1 checks their
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from opcollect.errors import InputError
-from opcollect.images.pins import FRAMEWORK_NAMES
+from opcollect.names import FRAMEWORK_NAMES
 from opcollect.tables import sidecar as sc
-from opcollect.tables.schema import TableSchema, schemas, table_files
-from opcollect.tables.store import sha256_file
+from opcollect.tables.schema import TableSchema, read_parquet, schemas, table_files
+from opcollect.tables.store import MANIFEST, sha256_file
+from opcollect.tables.verify import read_manifest_files
 
 NOISE_BOUND = 0.05
 MAX_KEYS = 10
@@ -52,6 +52,17 @@ def _ids(table: pa.Table, mask) -> tuple[str, ...]:
         return tuple(str(v) for v in picked["case_id"].to_pylist())
     keys = [c for c in table.column_names[3:] if c != "latency"]
     return tuple(",".join(f"{k}={row[k]}" for k in keys) for row in picked.to_pylist())
+
+
+def _read_all(paths: list[Path]) -> list[pa.Table] | Finding:
+    """The table files, or R1 for the first that does not read as parquet (the other rules cannot run)."""
+    tables = []
+    for path in paths:
+        try:
+            tables.append(read_parquet(path))
+        except InputError as exc:
+            return Finding("R1", str(path), str(exc).removeprefix(f"{path}: "))
+    return tables
 
 
 def _r1(path: Path, table: pa.Table, expected: pa.Schema, legacy: bool) -> list[Finding]:
@@ -137,7 +148,11 @@ def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: fl
         if absent:
             found.append(Finding("R5", str(directory), f"{name}: missing files", tuple(absent)))
             continue
-        perf, failures, planned = (pq.read_table(p) for p in paths)
+        read = _read_all(paths)
+        if isinstance(read, Finding):
+            found.append(read)
+            continue
+        perf, failures, planned = read
         path = paths[0]
         schema_findings = _r1(path, perf, schema.perf, legacy=False) + _r1(
             paths[1], failures, schema.failures, legacy=False
@@ -204,7 +219,11 @@ def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
         path = directory / table_files(name)[0]
         if schema is None or not path.is_file():
             continue
-        perf = pq.read_table(path)
+        read = _read_all([path])
+        if isinstance(read, Finding):
+            found.append(read)
+            continue
+        [perf] = read
         findings = _r1(path, perf, schema.perf, legacy=True)
         found += findings
         if not findings:
@@ -218,6 +237,11 @@ def check_tables(root: Path, strict: bool = False, noise_bound: float = NOISE_BO
     if not sidecars:
         raise InputError(f"{root}: no {sc.SIDECAR} below it; give the TABLES directory of `opcollect merge`")
     found: list[Finding] = []
+    if (root / MANIFEST).is_file():  # verify compares it with the files; here it must at least be a manifest
+        try:
+            read_manifest_files(root)
+        except InputError as exc:
+            found.append(Finding("R5", str(root / MANIFEST), str(exc).removeprefix(f"{root / MANIFEST}: ")))
     for path in sidecars:
         try:
             meta = sc.read_sidecar(path)

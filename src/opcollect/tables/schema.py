@@ -12,9 +12,12 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from opcollect.errors import InputError
 from opcollect.plans.base import OpPlan
 from opcollect.plans.ops import OPS
 
@@ -93,3 +96,17 @@ def table_files(table: str) -> tuple[str, str, str]:
     """perf, failures and plan file names of a table: gemm_perf -> gemm_perf.parquet, ..."""
     stem = table[: -len("_perf")] if table.endswith("_perf") else table
     return f"{table}.parquet", f"{stem}_failures.parquet", f"{stem}_plan.parquet"
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A stored table (``columns`` of it); InputError naming the file when it is no readable parquet file."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # the file system's error (missing, unreadable): the CLI names the path
+        reason = str(exc).splitlines()[0][:200]
+        raise InputError(
+            f"{path}: not a readable parquet table ({reason}); restore it from a backup, or merge the runs "
+            "into a new TABLES"
+        ) from None

@@ -54,6 +54,7 @@ class Event(_Strict):
     image: str | None
     image_digest: str | None
     plan_hash: Sha256
+    garbage_lines: int = Field(default=0, ge=0)  # shard lines of the run that were no record, skipped
 
 
 class TableMeta(_Strict):

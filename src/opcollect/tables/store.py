@@ -1,21 +1,33 @@
-"""TABLES on disk: file hashes, manifest.json, and atomic replacement of the whole tree.
+"""TABLES on disk: file hashes, manifest.json, the merge lock, and atomic replacement of the whole tree.
 
 A merge writes into a staging copy beside TABLES (unchanged files are hard links, changed ones are
 new files), writes its manifest, then exchanges the staging directory with TABLES in one
 renameat2(RENAME_EXCHANGE). A merge killed at any point leaves TABLES as it was (or, after the
 exchange, as the new one): never a mixture. Where the filesystem cannot exchange, two renames are
 used and `recover` puts TABLES back if a kill fell between them.
+
+One merge at a time changes a TABLES tree: `locked` holds an exclusive flock on `.<TABLES>.lock`
+beside it for the whole merge, recovery included, and names the holder to whoever waits.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
+
+from opcollect.errors import InputError
+from opcollect.files import fsync_dir, write_atomic
 
 MANIFEST = "manifest.json"
 _AT_FDCWD = -100
@@ -41,6 +53,63 @@ def listed_files(root: Path) -> list[str]:
 
 def read_manifest(root: Path) -> dict:
     return json.loads((Path(root) / MANIFEST).read_text())
+
+
+def lock_path(tables: Path) -> Path:
+    tables = Path(tables)
+    return tables.parent / f".{tables.name}.lock"
+
+
+@contextmanager
+def locked(tables: Path, wait: bool = True, say: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the TABLES tree's merge lock; wait for another holder (naming it), or refuse with wait=False."""
+    path = lock_path(tables)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            if not wait:
+                raise InputError(
+                    f"{tables}: another merge holds it ({holder}); wait for it to finish, or drop --no-wait"
+                ) from None
+            say(f"waiting for the merge into {tables} held by {holder}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        me = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}: {' '.join(sys.argv)}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me[:4000].encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def check_into(tables: Path, verify: bool = True) -> None:
+    """Refuse a merge target that is a file, a foreign directory, or (``verify``) a tree that fails verify."""
+    from opcollect.tables.verify import verify_tables
+
+    tables = Path(tables)
+    if not tables.exists():
+        return
+    if not tables.is_dir():
+        raise InputError(f"--into {tables}: is a file, not a TABLES directory; give a new or existing TABLES path")
+    if not (tables / MANIFEST).is_file():
+        if any(tables.iterdir()):
+            raise InputError(
+                f"--into {tables}: a non-empty directory without {MANIFEST} is not a TABLES tree; "
+                "give a new directory or an existing TABLES tree"
+            )
+        return
+    if not verify:
+        return
+    report = verify_tables(tables)
+    if not report.clean:
+        first = report.render().splitlines()[0]
+        raise InputError(
+            f"--into {tables}: fails verify ({first}); restore it or run `opcollect verify {tables}` "
+            "and merge into a new TABLES"
+        )
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -85,16 +154,8 @@ class Staging:
 
     def write(self, rel: str, data: bytes) -> Path:
         """A new file at ``rel``; a hard link already there is replaced, never written through."""
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
         self.written.add(rel)
-        return path
+        return write_atomic(self.root / rel, data)
 
     def commit(self) -> None:
         previous = read_manifest(self.tables)["files"] if (self.tables / MANIFEST).is_file() else {}
@@ -107,7 +168,7 @@ class Staging:
                 path = self.root / rel
                 files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
         self.write(MANIFEST, (json.dumps({"schema_version": 1, "files": files}, indent=1) + "\n").encode())
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         if not self.tables.exists():
             self.root.rename(self.tables)
         elif _exchange(self.root, self.tables):
@@ -117,15 +178,7 @@ class Staging:
             self.tables.rename(old)
             self.root.rename(self.tables)
             shutil.rmtree(old)
-        _fsync_dir(self.tables.parent)
+        fsync_dir(self.tables.parent)
 
     def abandon(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field
+
+from opcollect.cases.grids import Frozen
 from opcollect.errors import InputError
 from opcollect.tables import sidecar as sc
 from opcollect.tables.schema import table_files
-from opcollect.tables.store import MANIFEST, listed_files, read_manifest, sha256_file
+from opcollect.tables.store import MANIFEST, listed_files, sha256_file
+from opcollect.yamlio import not_utf8, validate
+
+_MANIFEST_FIX = "restore it from a backup, or merge the runs into a new TABLES"
+
+
+class ManifestEntry(Frozen):
+    sha256: sc.Sha256
+    size: int = Field(ge=0)
+
+
+class Manifest(Frozen):
+    schema_version: Literal[1]
+    files: dict[str, ManifestEntry]
+
+
+def read_manifest_files(root: Path) -> dict[str, ManifestEntry]:
+    """TABLES/manifest.json's files, checked to be a manifest; InputError naming what is wrong in it."""
+    path = Path(root) / MANIFEST
+    try:
+        data = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}; {_MANIFEST_FIX}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: {not_utf8(exc)}; {_MANIFEST_FIX}") from None
+    try:
+        return validate(str(path), data, Manifest).files
+    except InputError as exc:
+        raise InputError(f"{exc}; {_MANIFEST_FIX}") from None
 
 
 @dataclass(frozen=True)
@@ -42,17 +75,14 @@ def verify_tables(root: Path) -> VerifyReport:
     root = Path(root)
     if not (root / MANIFEST).is_file():
         raise InputError(f"{root}: no {MANIFEST}; give the TABLES directory of `opcollect merge`")
-    try:
-        files = read_manifest(root)["files"]
-    except (ValueError, KeyError):
-        return VerifyReport(0, modified=[MANIFEST])
+    files = read_manifest_files(root)
     present = set(listed_files(root))
     report = VerifyReport(len(files), unexpected=sorted(present - files.keys()))
     for rel, entry in sorted(files.items()):
         path = root / rel
         if rel not in present:
             report.missing.append(rel)
-        elif path.stat().st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
+        elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
             report.modified.append(rel)
     for meta_path in sorted(root.rglob(sc.SIDECAR)):
         try:

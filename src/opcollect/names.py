@@ -1,0 +1,36 @@
+"""The names the project knows (backends, SMs, frameworks) and the one rule for a name that becomes a path.
+
+Every value read from data (a run's backend, a worker's framework version, a system's name) that
+becomes a directory of a TABLES tree or a run passes ``path_name`` first, so crafted data such as
+``../../x`` can never write outside the tree it belongs to.
+"""
+
+from __future__ import annotations
+
+import re
+
+from opcollect.errors import InputError
+
+BACKENDS = ("torch", "vllm", "sglang", "trtllm")
+GPU_SMS = ("80", "86", "89", "90", "100", "103", "120")
+SMS = (*GPU_SMS, "cpu")
+# the `framework` column of the tables, as the aiconfigurator reference writes it
+FRAMEWORK_NAMES = {"torch": "Torch", "vllm": "VLLM", "sglang": "SGLang", "trtllm": "TRTLLM"}
+
+# letters, digits and ._+- with no leading dot: never '..', never a hidden file, never a separator
+_PATH_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}")
+
+
+def path_name(value: object, what: str) -> str:
+    """``value`` when it may name one directory; else InputError naming ``what`` (file and field)."""
+    if not isinstance(value, str) or _PATH_NAME.fullmatch(value) is None:
+        raise InputError(
+            f"{what}: {value!r} cannot name a directory; it must be letters, digits and ._+- "
+            "(at most 128, no leading dot, no '/'); fix or re-create that data"
+        )
+    return value
+
+
+def sm_label(backend: str, sm: str) -> str:
+    """How a (backend, SM) pair reads in messages: 'torch cpu', 'vllm sm90'."""
+    return f"{backend} {sm if sm == 'cpu' else 'sm' + sm}"

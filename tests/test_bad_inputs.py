@@ -1,0 +1,689 @@
+"""Bad input and a bad environment: exit 2 and ONE line naming the file, flag or value and the fix; no traceback.
+
+ROWS is the table: each row prepares files under tmp_path (a tree copy, a corrupt file, a plan, a full or
+read-only tmpfs), runs `python -m opcollect ARGS` in a real subprocess and checks the exit code, a fragment
+of the message, that the message is one line, and that nothing printed a traceback. `check` reports what
+it finds in a table as a violation on stdout and exits 1; its rows say so (code=1).
+
+Placeholders in the arguments and paths: {tmp} (tmp_path), {tree} (a copy of the checkout's inputs),
+{tables} (a merged TABLES tree), {run} (a run directory), {plan} (a CPU plan file of one GEMM case).
+Rows marked runs_plan get as far as loading the backend (the subprocess imports torch): they are few.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import fake_run, gemm_plan, run_cli
+
+from opcollect.plans.gemm import GemmCase
+from opcollect.project import find_project
+from opcollect.tables.merge import merge
+
+CASES = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 8)]
+DIR = "h200_sxm/gemm/vllm/0.24.0"
+NO_ENGINE = {"DOCKER_HOST": "tcp://127.0.0.1:1"}  # nothing listens there: no Docker engine, at once
+LATIN1 = "# r\xe9glages\n".encode("latin-1")  # a comment saved as Latin-1: not UTF-8
+
+
+@pytest.fixture(scope="module")
+def tables_template(tmp_path_factory) -> Path:
+    """One merged TABLES tree (two rows of gemm on an H200, vLLM 0.24.0) that rows copy and damage."""
+    base = tmp_path_factory.mktemp("template")
+    merge([fake_run(base / "run", CASES)], base / "tables", find_project())
+    return base / "tables"
+
+
+class Ctx:
+    """What a row's setup and arguments refer to; each part is made only when a row uses it."""
+
+    def __init__(self, tmp: Path, request):
+        self.tmp = tmp
+        self._request = request
+        self.cleanups: list[Callable[[], object]] = []
+
+    @cached_property
+    def tree(self) -> Path:
+        return self._request.getfixturevalue("tree_copy")
+
+    @cached_property
+    def tables(self) -> Path:
+        return Path(shutil.copytree(self._request.getfixturevalue("tables_template"), self.tmp / "tables"))
+
+    @cached_property
+    def run(self) -> Path:
+        return fake_run(self.tmp / "run", CASES)
+
+    @cached_property
+    def plan(self) -> Path:
+        return gemm_plan(self.tmp / "plan.json", [(1, 8, 8)])
+
+    def __getitem__(self, key: str) -> Path:  # str.format_map: "{tree}" -> self.tree
+        return getattr(self, key)
+
+    def path(self, template: str) -> Path:
+        return Path(template.format_map(self))
+
+    def mount(self, name: str, readonly: bool = False, fill: bool = False) -> Path:
+        """A small tmpfs at {tmp}/NAME, read-only or filled to the last byte; unmounted after the row.
+
+        A real file system error, as CI (root) can make it; elsewhere the row is skipped, saying why.
+        """
+        target = self.tmp / name
+        target.mkdir()
+        options = "size=256k" + (",ro" if readonly else "")
+        try:
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", options, "opcollect-test", str(target)], capture_output=True, text=True
+            )
+        except OSError as exc:
+            pytest.skip(f"no mount command ({exc.strerror}): a tmpfs needs root with CAP_SYS_ADMIN, as in CI")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs ({done.stderr.strip()}): needs root with CAP_SYS_ADMIN, as in CI")
+        self.cleanups.append(lambda: subprocess.run(["umount", "-l", str(target)], capture_output=True))
+        if fill:
+            fd = os.open(target / "fill", os.O_WRONLY | os.O_CREAT)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+            finally:
+                os.close(fd)
+        return target
+
+
+# --- setups: small functions of a Ctx ------------------------------------------------------------------
+
+
+def replace(where: str, old: str, new: str):
+    """Replace the first `old` by `new` in the text file at `where`."""
+
+    def setup(c: Ctx) -> None:
+        path = c.path(where)
+        text = path.read_text()
+        assert old in text, (path, old)
+        path.write_text(text.replace(old, new, 1))
+
+    return setup
+
+
+def write(where: str, data: bytes | str):
+    def setup(c: Ctx) -> None:
+        path = c.path(where)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+    return setup
+
+
+def prepend(where: str, data: bytes):
+    def setup(c: Ctx) -> None:
+        path = c.path(where)
+        path.write_bytes(data + path.read_bytes())
+
+    return setup
+
+
+def edit_json(where: str, change: Callable[[object], object]):
+    """Load the JSON file at `where`, let `change` edit it in place, write it back."""
+
+    def setup(c: Ctx) -> None:
+        path = c.path(where)
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+
+    return setup
+
+
+def both(*setups):
+    def setup(c: Ctx) -> None:
+        for one in setups:
+            one(c)
+
+    return setup
+
+
+def model_config(**config) -> Callable[[Ctx], None]:
+    base = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336}
+    return write("{tmp}/config.json", json.dumps({"architectures": ["LlamaForCausalLM"], **base, **config}))
+
+
+def rehash(rel: str):
+    """Make manifest.json agree with the file at TABLES/rel again: a tree that verifies but does not read."""
+
+    def setup(c: Ctx) -> None:
+        manifest = c.tables / "manifest.json"
+        data = json.loads(manifest.read_text())
+        path = c.tables / rel
+        data["files"][rel] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size": path.stat().st_size}
+        manifest.write_text(json.dumps(data, indent=1) + "\n")
+
+    return setup
+
+
+def full(c: Ctx) -> None:
+    c.mount("full", fill=True)
+
+
+def readonly(c: Ctx) -> None:
+    c.mount("ro", readonly=True)
+
+
+def drop(*keys: str):
+    """Delete a nested key of a JSON object: drop('ops', 'gemm', 'columns')."""
+
+    def change(data) -> None:
+        for key in keys[:-1]:
+            data = data[key]
+        del data[keys[-1]]
+
+    return change
+
+
+# --- the table -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    args: tuple[str, ...]
+    needle: str  # a fragment of the one-line message
+    setup: Callable[[Ctx], None] | None = None
+    code: int = 2  # 1: a `check` violation, reported on stdout
+    env: dict | None = None
+    runs_plan: bool = False  # the subprocess loads the backend (imports torch)
+    timeout: float = 120
+
+
+PLAN = ("plan", "--ops", "gemm", "--smoke")
+PLAN_TREE = (*PLAN, "--root", "{tree}")
+MERGE_TREE = ("merge", "{run}", "--into", "{tmp}/new-tables", "--root", "{tree}")
+BUILD_TREE = ("build", "vllm", "--root", "{tree}")
+RUN = ("run", "--plan", "{plan}", "--out", "{tmp}/out", "--device", "cpu")
+COMPARE = ("compare", "{tables}", "{tables}")
+GEMM_YAML = "{tree}/cases/base_ops/gemm.yaml"
+PERF = "{tables}/" + DIR + "/gemm_perf.parquet"
+FAILURES = "{tables}/" + DIR + "/gemm_failures.parquet"
+MANIFEST = "{tables}/manifest.json"
+PINS = "{tree}/pins.yaml"
+
+ROWS = [
+    # --- case YAML, model profiles, systems, pins -------------------------------------------------------
+    Row("case-yaml-not-utf8", PLAN_TREE, "gemm.yaml: not UTF-8 (byte 0xe9", prepend(GEMM_YAML, LATIN1)),
+    Row(
+        "profile-yaml-not-utf8",
+        PLAN_TREE,
+        "LlamaForCausalLM.yaml: not UTF-8",
+        prepend("{tree}/cases/models/LlamaForCausalLM.yaml", LATIN1),
+    ),
+    Row("case-yaml-syntax", PLAN_TREE, "gemm.yaml: line 8 invalid YAML", replace(GEMM_YAML, "int4_wo]", "int4_wo")),
+    Row(
+        "grid-duplicate-dtype",
+        PLAN_TREE,
+        "field 'grid.dtypes': Value error, 'bfloat16' is listed twice; list each value once",
+        replace(GEMM_YAML, "dtypes: [float32, bfloat16, fp8", "dtypes: [float32, bfloat16, bfloat16, fp8"),
+    ),
+    Row(
+        "narrowed-grid-duplicate-dtype",
+        PLAN_TREE,
+        "field 'narrowed.cpu.dtypes': Value error, 'float32' is listed twice",
+        replace(GEMM_YAML, "dtypes: [float32, bfloat16]", "dtypes: [float32, float32, bfloat16]"),
+    ),
+    Row(
+        "moe-duplicate-distribution",
+        PLAN_TREE,
+        "field 'grid.distributions': Value error, 'balanced' is listed twice",
+        replace("{tree}/cases/base_ops/moe.yaml", "[balanced, power_law_1.01", "[balanced, balanced, power_law_1.01"),
+    ),
+    Row(
+        "attention-duplicate-precision",
+        PLAN_TREE,
+        "field 'grid.precisions': Value error, {{'attn_dtype': 'bfloat16', 'kv_cache_dtype': 'fp8'}} is listed twice",
+        replace(
+            "{tree}/cases/base_ops/attention_context.yaml",
+            "    - {attn_dtype: bfloat16, kv_cache_dtype: fp8}\n",
+            "    - {attn_dtype: bfloat16, kv_cache_dtype: fp8}\n    - {attn_dtype: bfloat16, kv_cache_dtype: fp8}\n",
+        ),
+    ),
+    Row(
+        "profile-kv-heads-above-heads",
+        PLAN_TREE,
+        "models[0].config: field 'num_key_value_heads': Value error, 64 is greater than num_attention_heads 32",
+        replace("{tree}/cases/models/LlamaForCausalLM.yaml", "num_key_value_heads: 8", "num_key_value_heads: 64"),
+    ),
+    Row(
+        "systems-yaml-not-utf8",
+        MERGE_TREE,
+        "h200_sxm.yaml: not UTF-8 (byte 0xe9",
+        prepend("{tree}/systems/h200_sxm.yaml", LATIN1),
+    ),
+    Row(
+        "systems-same-device-twice",
+        MERGE_TREE,
+        "h200_sxm.yaml: field 'devices': 'NVIDIA H100 80GB HBM3' is also listed by",
+        replace("{tree}/systems/h200_sxm.yaml", "  - NVIDIA H200\n", "  - NVIDIA H200\n  - NVIDIA H100 80GB HBM3\n"),
+    ),
+    Row(
+        "pins-tag-is-another-version",
+        BUILD_TREE,
+        "pins.yaml: field 'backends.vllm': Value error, version '0.24.0' pins image tag 'v0.23.0'",
+        replace(PINS, "vllm/vllm-openai:v0.24.0@", "vllm/vllm-openai:v0.23.0@"),
+        env=NO_ENGINE,
+    ),
+    Row(
+        "pins-tag-with-suffix-is-another-version",
+        ("build", "torch", "--root", "{tree}"),
+        "version '2.8.0' pins image tag '2.7.1-cuda12.8-cudnn9-runtime'",
+        replace(PINS, "pytorch/pytorch:2.8.0-cuda", "pytorch/pytorch:2.7.1-cuda"),
+        env=NO_ENGINE,
+    ),
+    Row(
+        "pins-tag-is-a-prefix-of-the-version",
+        ("build", "trtllm", "--root", "{tree}"),
+        "version '1.3.0rc23' pins image tag '1.3.0rc2'",
+        replace(PINS, "release:1.3.0rc23@", "release:1.3.0rc2@"),
+        env=NO_ENGINE,
+    ),
+    Row("pins-not-utf8", BUILD_TREE, "pins.yaml: not UTF-8", prepend(PINS, LATIN1), env=NO_ENGINE),
+    Row(
+        "pins-broken-before-collect-plans",
+        ("collect", "vllm", "--sm", "90", "--out", "{tmp}/out", "--root", "{tree}"),
+        "pins.yaml: line",
+        replace(PINS, "backends:", "backends: ["),
+        env=NO_ENGINE,
+    ),
+    # --- --model-config JSON -----------------------------------------------------------------------------
+    Row(
+        "model-config-not-utf8",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: not UTF-8 (byte 0xff",
+        write("{tmp}/config.json", b'{"architectures": ["LlamaForCausalLM"], "x": "\xff"}'),
+    ),
+    Row(
+        "model-config-architectures-nested",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'architectures' is [['X']]; it must be a list of names",
+        model_config(architectures=[["X"]]),
+    ),
+    Row(
+        "model-config-architectures-a-string",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'architectures' is 'LlamaForCausalLM'; it must be a list of names, "
+        'e.g. ["LlamaForCausalLM"]',
+        model_config(architectures="LlamaForCausalLM"),
+    ),
+    Row(
+        "model-config-architectures-missing",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: missing key 'architectures'",
+        write("{tmp}/config.json", '{"hidden_size": 8}'),
+    ),
+    Row(
+        "model-config-architecture-unknown",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: unknown architecture 'BertModel'",
+        model_config(architectures=["BertModel"]),
+    ),
+    Row(
+        "model-config-kv-heads-above-heads",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'num_key_value_heads': Value error, 64 is greater than num_attention_heads 32; "
+        "set it to a divisor of 32",
+        model_config(num_key_value_heads=64),
+    ),
+    Row(
+        "model-config-kv-heads-not-dividing",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "field 'num_key_value_heads': Value error, 5 does not divide num_attention_heads 32",
+        model_config(num_key_value_heads=5),
+    ),
+    Row(
+        "model-config-not-an-object",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: a model config is a JSON object, not list",
+        write("{tmp}/config.json", "[1, 2]"),
+    ),
+    Row(
+        "model-config-invalid-json",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: invalid JSON at line 1",
+        write("{tmp}/config.json", '{"architectures": '),
+    ),
+    Row(
+        "model-config-a-directory",
+        (*PLAN, "--model-config", "{tmp}"),
+        ": cannot read model config (Is a directory)",
+    ),
+    # --- plan files ----------------------------------------------------------------------------------------
+    Row(
+        "plan-random-bytes",
+        ("run", "--plan", "{tmp}/random.json", "--out", "{tmp}/out"),
+        "random.json: not a plan file",
+        write("{tmp}/random.json", bytes(range(256)) * 4),
+    ),
+    Row(
+        "plan-diff-random-bytes",
+        ("plan-diff", "{tmp}/random.json", "{plan}"),
+        "random.json: not a plan file",
+        write("{tmp}/random.json", b"\x89PNG\r\n\x1a\n\xff\xfe"),
+    ),
+    Row("plan-without-ops", RUN, "plan.json: field 'ops': missing", edit_json("{plan}", drop("ops"))),
+    Row("plan-without-backend", RUN, "plan.json: field 'backend': missing", edit_json("{plan}", drop("backend"))),
+    Row(
+        "plan-op-without-columns",
+        RUN,
+        "plan.json: field 'ops.gemm.columns': missing",
+        edit_json("{plan}", drop("ops", "gemm", "columns")),
+    ),
+    Row(
+        "plan-not-an-object",
+        ("run", "--plan", "{tmp}/list.json", "--out", "{tmp}/out"),
+        "list.json: not an opcollect plan file",
+        write("{tmp}/list.json", "[]"),
+    ),
+    Row(
+        "plan-missing",
+        ("run", "--plan", "{tmp}/nope.json", "--out", "{tmp}/out"),
+        "nope.json: cannot read plan (No such file or directory)",
+    ),
+    Row(
+        "plan-unreadable",
+        ("run", "--plan", "{tmp}", "--out", "{tmp}/out"),
+        ": cannot read plan (Is a directory)",
+    ),
+    # --- run directories -------------------------------------------------------------------------------
+    Row(
+        "merge-run-json-corrupt",
+        ("merge", "{run}", "--into", "{tmp}/new-tables"),
+        "run.json: not valid JSON",
+        write("{run}/run.json", b"\x00\x01{garbage"),
+    ),
+    Row(
+        "merge-run-json-not-an-object",
+        ("merge", "{run}", "--into", "{tmp}/new-tables"),
+        "run.json: field 'plan_hash' is missing",
+        write("{run}/run.json", "[1, 2, 3]"),
+    ),
+    Row(
+        "merge-not-a-run-directory",
+        ("merge", "{tmp}", "--into", "{tmp}/new-tables"),
+        "not a run directory (no run.json)",
+    ),
+    Row(
+        "resume-run-json-corrupt",
+        ("run", "--plan", "{run}/plan.json", "--out", "{run}", "--resume"),
+        "run.json: not valid JSON",
+        write("{run}/run.json", "{not json"),
+    ),
+    Row(
+        "resume-nothing-there",
+        (*RUN[:-2], "--resume"),
+        "out: does not exist, so there is nothing to resume; drop --resume",
+    ),
+    # --- tables trees --------------------------------------------------------------------------------------
+    Row(
+        "check-perf-not-parquet",
+        ("check", "{tables}"),
+        "R1 violation: " + "{tables}/" + DIR + "/gemm_perf.parquet: not a readable parquet table",
+        write(PERF, "latency,m\n1.0,1\n"),
+        code=1,
+    ),
+    Row(
+        "check-failures-truncated",
+        ("check", "{tables}"),
+        "gemm_failures.parquet: not a readable parquet table",
+        write(FAILURES, b"PAR1\x00\x00"),
+        code=1,
+    ),
+    Row(
+        "merge-into-corrupt-perf",
+        ("merge", "{run}", "--into", "{tables}"),
+        "fails verify (modified: " + DIR + "/gemm_perf.parquet)",
+        write(PERF, b"\x00" * 64),
+    ),
+    Row(
+        "merge-into-corrupt-table-that-verifies",
+        ("merge", "{run}", "--into", "{tables}"),
+        "gemm_failures.parquet: not a readable parquet table (",
+        both(write(FAILURES, b"not parquet"), rehash(DIR + "/gemm_failures.parquet")),
+    ),
+    Row(
+        "compare-old-not-parquet",
+        ("compare", "{tmp}/old", "{tables}"),
+        "old/gemm_perf.parquet: not a readable parquet table",
+        write("{tmp}/old/gemm_perf.parquet", "not parquet"),
+    ),
+    Row(
+        "compare-new-not-parquet",
+        ("compare", "{tables}", "{tmp}/new"),
+        "new/gemm_perf.parquet: not a readable parquet table",
+        write("{tmp}/new/gemm_perf.parquet", b"PAR1garbagePAR1"),
+    ),
+    Row("verify-manifest-invalid-json", ("verify", "{tables}"), "manifest.json: invalid JSON", write(MANIFEST, "{")),
+    Row(
+        "verify-manifest-not-utf8",
+        ("verify", "{tables}"),
+        "manifest.json: not UTF-8 (byte 0xff at offset 0); restore it from a backup",
+        write(MANIFEST, b"\xff{}"),
+    ),
+    Row(
+        "verify-manifest-a-list",
+        ("verify", "{tables}"),
+        "manifest.json: field '(top level)': Input should be a valid dictionary",
+        write(MANIFEST, "[]"),
+    ),
+    Row(
+        "verify-manifest-entry-a-string",
+        ("verify", "{tables}"),
+        "manifest.json: field 'files.x.parquet': Input should be a valid dictionary",
+        write(MANIFEST, '{"schema_version": 1, "files": {"x.parquet": "abc"}}'),
+    ),
+    Row(
+        "verify-manifest-entry-without-sha256",
+        ("verify", "{tables}"),
+        "field 'files.x.parquet.sha256': missing required field",
+        write(MANIFEST, '{"schema_version": 1, "files": {"x.parquet": {"size": 3}}}'),
+    ),
+    Row(
+        "check-manifest-invalid",
+        ("check", "{tables}"),
+        "R5 violation: {tables}/manifest.json: invalid JSON at line 1",
+        write(MANIFEST, "{"),
+        code=1,
+    ),
+    Row(
+        "merge-into-manifest-invalid",
+        ("merge", "{run}", "--into", "{tables}"),
+        "manifest.json: invalid JSON",
+        write(MANIFEST, "not json"),
+    ),
+    # --- flag values ---------------------------------------------------------------------------------------
+    Row("workers-negative", (*RUN, "--workers", "-1"), "argument --workers: '-1': must be a whole number > 0"),
+    Row("workers-zero", (*RUN, "--workers", "0"), "argument --workers: '0': must be a whole number > 0"),
+    Row("workers-fraction", (*RUN, "--workers", "1.5"), "argument --workers: '1.5': must be a whole number"),
+    Row("case-timeout-zero", (*RUN, "--case-timeout", "0"), "argument --case-timeout: '0': must be a finite number"),
+    Row("case-timeout-negative", (*RUN, "--case-timeout", "-5"), "argument --case-timeout: '-5': must be"),
+    Row("case-timeout-inf", (*RUN, "--case-timeout", "inf"), "argument --case-timeout: 'inf': must be a finite"),
+    Row("max-case-seconds-nan", (*RUN, "--max-case-seconds", "nan"), "argument --max-case-seconds: 'nan': must be"),
+    Row("max-case-seconds-negative", (*RUN, "--max-case-seconds", "-1"), "--max-case-seconds: '-1': must be"),
+    Row("max-noise-negative", (*RUN, "--max-noise", "-0.1"), "--max-noise: '-0.1': must be a finite number >= 0"),
+    Row("max-noise-nan", (*RUN, "--max-noise", "nan"), "argument --max-noise: 'nan': must be a finite number >= 0"),
+    Row("min-samples-zero", (*RUN, "--min-samples", "0"), "argument --min-samples: '0': must be a whole number > 0"),
+    Row(
+        "collect-workers-zero",
+        ("collect", "torch", "--local", "--workers", "0"),
+        "opcollect collect: argument --workers: '0'",
+    ),
+    Row("check-noise-bound-nan", ("check", "{tmp}", "--noise-bound", "nan"), "argument --noise-bound: 'nan'"),
+    Row("shard-negative", (*PLAN, "--shard", "-1/2"), "argument --shard: -1/2: need 0 <= i < N"),
+    Row("shard-past-the-end", (*PLAN, "--shard", "2/2"), "argument --shard: 2/2: need 0 <= i < N"),
+    Row("shard-zero-shards", (*PLAN, "--shard", "0/0"), "argument --shard: 0/0: need 0 <= i < N"),
+    Row("shard-not-numbers", (*PLAN, "--shard", "a/b"), "argument --shard: 'a/b': expected i/N"),
+    Row("plot-not-png", (*COMPARE, "--plot", "{tmp}/x.txt"), "x.txt: the plot is a PNG image; give a file name ending"),
+    Row("plot-a-directory", (*COMPARE, "--plot", "{tmp}"), ": is a directory; give a file name in it, e.g."),
+    Row("plot-directory-missing", (*COMPARE, "--plot", "{tmp}/no/x.png"), "no/x.png: its directory"),
+    Row("ops-unknown", ("plan", "--ops", "nope"), "--ops: unknown op 'nope'; known: gemm"),
+    Row("backend-unknown", ("plan", "--backend", "nope"), "--backend: unknown backend 'nope'; known: torch"),
+    Row("sm-unknown", ("plan", "--sm", "75"), "--sm: unknown SM '75'; known: 80"),
+    Row("collect-backend-unknown", ("collect", "nope", "--local", "--device", "cpu"), "unknown backend 'nope'"),
+    Row("verb-unknown", ("frobnicate",), "argument VERB: invalid choice: 'frobnicate'"),
+    Row("flag-missing", ("run", "--plan", "{plan}"), "the following arguments are required: --out"),
+    # --- the environment -------------------------------------------------------------------------------
+    Row(
+        "no-docker-engine",
+        ("build", "torch"),
+        "no Docker engine answers",
+        env=NO_ENGINE,
+        timeout=60,
+    ),
+    Row(
+        "no-docker-engine-collect",
+        ("collect", "torch", "--device", "cpu", "--ops", "gemm", "--smoke", "--out", "{tmp}/out"),
+        "no Docker engine answers",
+        env=NO_ENGINE,
+        timeout=60,
+    ),
+    Row(
+        "empty-selection-filter",
+        (*PLAN, "--case-filter", "nomatch", "-o", "{tmp}/p.json"),
+        "p.json: torch cpu with --ops gemm selects 0 cases (--case-filter 'nomatch'); nothing to run",
+    ),
+    Row(
+        "empty-selection-all-skipped",
+        ("plan", "--backend", "vllm", "--sm", "cpu", "--ops", "gemm", "-o", "{tmp}/p.json"),
+        "vllm cpu with --ops gemm selects 0 cases (330 left out by skip 'frameworks-need-a-gpu')",
+    ),
+    Row(
+        "empty-selection-shard",
+        (*PLAN, "--shard", "7/8", "-o", "{tmp}/p.json"),
+        "selects 0 cases (--shard 7/8); nothing to run",
+    ),
+    Row(
+        "empty-selection-collect",
+        ("collect", "vllm", "--local", "--device", "cpu", "--ops", "gemm", "--out", "{tmp}/out"),
+        "collect vllm: vllm cpu with --ops gemm selects 0 cases",
+    ),
+    Row(
+        "disk-full-plan",
+        (*PLAN, "-o", "{tmp}/full/p.json"),
+        "-o {tmp}/full/p.json: no space left on the device",
+        full,
+    ),
+    Row(
+        "disk-full-plan-table",
+        (*PLAN, "--table", "{tmp}/full/csv"),
+        "--table {tmp}/full/csv: no space left on the device",
+        full,
+    ),
+    Row(
+        "read-only-plan",
+        (*PLAN, "-o", "{tmp}/ro/p.json"),
+        "-o {tmp}/ro/p.json: read-only file system (at {tmp}/ro/",
+        readonly,
+    ),
+    Row(
+        "disk-full-run",
+        ("run", "--plan", "{plan}", "--out", "{tmp}/full/run", "--device", "cpu"),
+        "--out {tmp}/full/run: no space left on the device",
+        full,
+        runs_plan=True,
+    ),
+    Row(
+        "read-only-run",
+        ("run", "--plan", "{plan}", "--out", "{tmp}/ro/run", "--device", "cpu"),
+        "--out {tmp}/ro/run: read-only file system; choose a writable directory",
+        readonly,
+        runs_plan=True,
+    ),
+    Row(
+        "disk-full-merge",
+        ("merge", "{run}", "--into", "{tmp}/full/tables"),
+        "--into {tmp}/full/tables: no space left on the device; free space there",
+        full,
+    ),
+    Row(
+        "read-only-merge",
+        ("merge", "{run}", "--into", "{tmp}/ro/tables"),
+        "--into {tmp}/ro/tables: read-only file system (at {tmp}/ro/",
+        readonly,
+    ),
+]
+
+
+def _param(row: Row):
+    return pytest.param(row, id=row.id, marks=[pytest.mark.runs_plan] if row.runs_plan else [])
+
+
+def test_the_table_is_large_and_its_ids_unique():
+    assert len(ROWS) >= 60 and len({row.id for row in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", [_param(row) for row in ROWS])
+def test_bad_input_is_one_line_and_exit_2(row: Row, tmp_path, request):
+    ctx = Ctx(tmp_path, request)
+    try:
+        if row.setup is not None:
+            row.setup(ctx)
+        args = [arg.format_map(ctx) for arg in row.args]
+        env = {k: v.format_map(ctx) for k, v in (row.env or {}).items()}
+        start = time.monotonic()
+        done = run_cli(*args, env=env, timeout=row.timeout)
+        seconds = time.monotonic() - start
+    finally:
+        for cleanup in reversed(ctx.cleanups):
+            cleanup()
+    needle = row.needle.format_map(ctx)
+    shown = f"exit {done.returncode} after {seconds:.1f} s\nstdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-900:]}"
+    assert "Traceback" not in done.stdout + done.stderr, shown
+    assert done.returncode == row.code, shown
+    if row.code == 2:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("opcollect: error: "), shown
+        assert needle in lines[0], f"{needle!r} not in the error line\n{shown}"
+    else:  # a `check` violation: one line of its report
+        assert [line for line in done.stdout.splitlines() if needle in line], f"{needle!r} not reported\n{shown}"
+        assert done.stderr.strip() == "", shown
+
+
+def test_plan_summary_names_the_cpu_and_gpu_sms_plainly():
+    cpu = run_cli(*PLAN)
+    gpu = run_cli("plan", "--backend", "vllm", "--sm", "90", "--ops", "gemm", "--smoke")
+    assert cpu.returncode == 0 and gpu.returncode == 0, cpu.stderr + gpu.stderr
+    assert "torch cpu: 4 cases" in cpu.stdout and "smcpu" not in cpu.stdout
+    assert "vllm sm90: 4 cases" in gpu.stdout
+
+
+def test_a_broken_pins_yaml_breaks_only_the_sessions_that_need_it(tree_copy):
+    """nox reads no pins at import: `nox -l` and `plan` work; `build-vllm` fails with the pins' one line."""
+    shutil.copy(Path(__file__).resolve().parents[1] / "noxfile.py", tree_copy / "noxfile.py")
+    (tree_copy / "pins.yaml").write_text("schema_version: 1\nbackends: [\n")
+    nox = [str(Path(sys.executable).with_name("nox")), "-f", str(tree_copy / "noxfile.py")]
+    env = {**os.environ, **NO_ENGINE}
+
+    def nox_run(*args: str):
+        return subprocess.run([*nox, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tree_copy)
+
+    listed = nox_run("-l")
+    assert listed.returncode == 0, listed.stderr
+    assert all(f"{name} ->" in listed.stdout for name in ("tests", "lint", "plan", "build-vllm", "collect-torch"))
+    planned = nox_run("-s", "plan", "--", *PLAN_TREE[1:-1], str(tree_copy))
+    assert planned.returncode == 0 and "torch cpu: 4 cases" in planned.stdout, planned.stderr
+    built = nox_run("-s", "build-vllm", "--", "--root", str(tree_copy))
+    output = built.stdout + built.stderr  # nox passes the command's stderr on to its stdout
+    errors = [line for line in output.splitlines() if line.startswith("opcollect: error: ")]
+    assert built.returncode != 0 and "Traceback" not in output, output
+    assert len(errors) == 1 and f"{tree_copy / 'pins.yaml'}: line 3 invalid YAML" in errors[0], output

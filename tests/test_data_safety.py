@@ -1,0 +1,233 @@
+"""Nothing lost, nothing escapes: concurrent merges, crafted names, run identity, edited plans, merge targets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT, fake_run, run_cli
+
+from opcollect.plans.gemm import GemmCase
+from opcollect.runtime.rundir import read_records
+from opcollect.tables.sidecar import read_sidecar
+from opcollect.tables.verify import verify_tables
+
+DIR = "h200_sxm/gemm/vllm/0.24.0"
+LEFT = [GemmCase("bfloat16", m, 4096, 4096) for m in (1, 2, 4)]
+RIGHT = [GemmCase("bfloat16", m, 7168, 4096) for m in (8, 16)]
+FAST = ["--device", "cpu", "--max-case-seconds", "0.02", "--min-samples", "3"]
+
+
+def _ids(tables, directory=DIR, table="gemm_perf") -> list[str]:
+    return sorted(pq.read_table(tables / directory / f"{table}.parquet", columns=["case_id"])["case_id"].to_pylist())
+
+
+def _merge_in_child(run_dir, tables, barrier, codes, slot):
+    from opcollect.cli import main
+
+    barrier.wait()
+    codes[slot] = main(["merge", str(run_dir), "--into", str(tables)])
+
+
+def test_concurrent_merges_into_one_tables_keep_both_runs(tmp_path):
+    """Two merges started together, 20 rounds: the lock serializes them and both runs' rows stay."""
+    left = fake_run(tmp_path / "left", LEFT, run_id="left")
+    right = fake_run(tmp_path / "right", RIGHT, run_id="right")
+    expected = sorted(
+        json.loads((left / "plan.json").read_text())["ops"]["gemm"]["case_id"]
+        + json.loads((right / "plan.json").read_text())["ops"]["gemm"]["case_id"]
+    )
+    context = multiprocessing.get_context("fork")
+    for round_ in range(20):
+        tables = tmp_path / f"tables{round_}"
+        barrier = context.Barrier(2)
+        codes = context.Array("i", [-1, -1])
+        children = [
+            context.Process(target=_merge_in_child, args=(run, tables, barrier, codes, slot))
+            for slot, run in enumerate((left, right))
+        ]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join(120)
+        assert list(codes) == [0, 0], round_
+        assert _ids(tables) == expected, round_
+        assert verify_tables(tables).clean
+        events = read_sidecar(tables / "h200_sxm/gemm/vllm/0.24.0/collection_meta.yaml").tables["gemm_perf"].events
+        assert sorted(e.run_id for e in events) == ["left", "right"]
+
+
+def test_a_held_lock_makes_merge_wait_naming_the_holder_or_refuse(tmp_path):
+    from opcollect.tables.store import locked
+
+    run = fake_run(tmp_path / "run", LEFT)
+    tables = tmp_path / "tables"
+    with locked(tables, say=lambda _: None):
+        refused = run_cli("merge", str(run), "--into", str(tables), "--no-wait")
+        assert refused.returncode == 2
+        assert f"{tables}: another merge holds it (pid " in refused.stderr and "drop --no-wait" in refused.stderr
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "opcollect", "merge", str(run), "--into", str(tables)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3)
+        assert waiting.poll() is None and not tables.exists()  # still waiting, nothing written
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    assert f"waiting for the merge into {tables} held by pid " in out
+    assert len(_ids(tables)) == len(LEFT)
+
+
+@pytest.mark.parametrize("value", ["../../../escaped", ".hidden", "a/b", "..", ""])
+def test_a_crafted_version_never_becomes_a_path(tmp_path, value):
+    run = fake_run(tmp_path / "runs" / "run", LEFT, version=value)
+    tables = tmp_path / "runs" / "tables"
+    done = run_cli("merge", str(run), "--into", str(tables))
+    assert done.returncode == 2, done.stderr
+    assert f"runtime field 'version': {value!r} cannot name a directory" in done.stderr
+    assert not tables.exists() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run", "run-plan.json"]
+    assert not list(tmp_path.rglob("escaped"))
+
+
+def test_run_json_altered_to_another_backend_is_refused(tmp_path):
+    run = fake_run(tmp_path / "run", LEFT)
+    identity = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**identity, "backend": "../../x"}))
+    done = run_cli("merge", str(run), "--into", str(tmp_path / "tables"))
+    assert done.returncode == 2 and "does not describe its plan.json" in done.stderr
+    assert not (tmp_path / "tables").exists()
+
+
+def test_merge_into_a_file_a_foreign_directory_or_a_tampered_tree_is_refused(tmp_path):
+    run = fake_run(tmp_path / "run", LEFT)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    done = run_cli("merge", str(run), "--into", str(a_file))
+    assert done.returncode == 2 and "is a file, not a TABLES directory" in done.stderr
+    assert a_file.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.txt",
+        "run",
+        "run-plan.json",
+    ]
+
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "photo.jpg").write_bytes(b"\xff\xd8")
+    done = run_cli("merge", str(run), "--into", str(foreign))
+    assert done.returncode == 2 and "without manifest.json is not a TABLES tree" in done.stderr
+    assert [p.name for p in foreign.iterdir()] == ["photo.jpg"]
+
+    tables = tmp_path / "tables"
+    assert run_cli("merge", str(run), "--into", str(tables)).returncode == 0
+    planted = tables / DIR / "planted.parquet"
+    planted.write_bytes(b"not ours")
+    done = run_cli("merge", str(run), "--into", str(tables))
+    assert done.returncode == 2 and "fails verify (unexpected: " in done.stderr
+    assert f"unexpected: {DIR}/planted.parquet" in verify_tables(tables).render()  # still caught afterwards
+    planted.unlink()
+    perf = tables / DIR / "gemm_perf.parquet"
+    data = bytearray(perf.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    perf.write_bytes(bytes(data))
+    done = run_cli("merge", str(run), "--into", str(tables))
+    assert done.returncode == 2 and f"fails verify (modified: {DIR}/gemm_perf.parquet)" in done.stderr
+
+
+def test_garbage_shard_lines_are_counted_in_the_output_and_the_sidecar(tmp_path):
+    run = fake_run(tmp_path / "run", LEFT)
+    [shard] = list((run / "shards").glob("*.jsonl"))
+    with open(shard, "a") as handle:
+        handle.write("not json at all\n{}\n[1, 2]\n\n")
+    tables = tmp_path / "tables"
+    done = run_cli("merge", str(run), "--into", str(tables))
+    assert done.returncode == 0, done.stderr
+    assert f"{run}: skipped 4 garbage shard lines" in done.stdout
+    [event] = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].events
+    assert event.garbage_lines == 4 and len(_ids(tables)) == len(LEFT)
+
+
+def _torch_plan(tmp_path, name, *extra):
+    path = tmp_path / f"{name}.json"
+    done = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", "gemm", "--smoke", *extra, "-o", str(path))
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def test_shards_have_their_own_identity_and_merge_like_one_run(tmp_path):
+    shard0, shard1 = _torch_plan(tmp_path, "s0", "--shard", "0/2"), _torch_plan(tmp_path, "s1", "--shard", "1/2")
+    whole = _torch_plan(tmp_path, "whole")
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert run_cli("run", "--plan", str(shard0), "--out", str(a), *FAST).returncode == 0
+    refused = run_cli("run", "--plan", str(shard1), "--out", str(a), "--resume", *FAST)
+    assert refused.returncode == 2
+    assert " shard 0/2 (gemm smoke), not plan_hash " in refused.stderr and " shard 1/2 (gemm smoke)" in refused.stderr
+    assert run_cli("run", "--plan", str(shard1), "--out", str(b), *FAST).returncode == 0
+    assert run_cli("run", "--plan", str(whole), "--out", str(c), *FAST).returncode == 0
+    assert {r["case_id"] for r in read_records(a)}.isdisjoint({r["case_id"] for r in read_records(b)})
+    sharded, single = tmp_path / "sharded", tmp_path / "single"
+    assert run_cli("merge", str(a), str(b), "--into", str(sharded)).returncode == 0
+    assert run_cli("merge", str(c), "--into", str(single)).returncode == 0
+    directory = next(p.parent for p in sharded.rglob("gemm_perf.parquet")).relative_to(sharded)
+    keys = ["gemm_dtype", "m", "n", "k", "case_id", "kernel_source"]
+    assert (
+        pq.read_table(sharded / directory / "gemm_perf.parquet", columns=keys).to_pylist()
+        == pq.read_table(single / directory / "gemm_perf.parquet", columns=keys).to_pylist()
+    )
+    assert _ids(sharded, directory, "gemm_plan") == _ids(single, directory, "gemm_plan")
+    meta = read_sidecar(sharded / directory / "collection_meta.yaml").tables["gemm_perf"]
+    assert meta.status == "complete" and meta.rows == len(_ids(single, directory))
+
+
+def _edit_plan(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d["ops"]["gemm"]["columns"]["m"].__setitem__(0, 7), "field 'ops.gemm.columns': case gemm:"),
+        (lambda d: d.update(plan_hash="0" * 64), "field 'plan_hash': differs from the hash of the cases"),
+        (lambda d: d["ops"]["gemm"]["dispatch"].__setitem__(0, "other"), "field 'plan_hash': differs"),
+        (lambda d: d["selection"].update(smoke=False), "field 'content_hash': differs"),
+        (lambda d: d.update(sm="90"), "field 'plan_hash': differs"),
+    ],
+)
+def test_an_edited_plan_file_is_refused(tmp_path, change, needle):
+    plan = _torch_plan(tmp_path, "plan")
+    _edit_plan(plan, change)
+    done = run_cli("run", "--plan", str(plan), "--out", str(tmp_path / "run"), *FAST)
+    assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert "the plan was edited or is damaged, re-plan" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_collect_out_of_another_selection_is_refused(tmp_path):
+    out, tables = tmp_path / "run", tmp_path / "tables"
+    common = ["collect", "torch", "--local", "--smoke", "--out", str(out), "--tables", str(tables), *FAST]
+    assert run_cli(*common, "--ops", "gemm").returncode == 0
+    before = sorted(p.name for p in out.rglob("*"))
+    done = run_cli(*common, "--ops", "attention_context")
+    assert done.returncode == 2
+    assert "(gemm smoke), this collection is plan_hash " in done.stderr and "(attention_context smoke)" in done.stderr
+    assert sorted(p.name for p in out.rglob("*")) == before
+    again = run_cli(*common, "--ops", "gemm")  # the same selection resumes: nothing left to measure
+    assert again.returncode == 0 and "measured 0 this run" in again.stdout
+
+
+def test_a_shard_is_part_of_the_identity_even_when_it_holds_every_case(planner):
+    from opcollect.plans.planfile import to_json
+    from opcollect.plans.planner import PlanOptions
+
+    whole = to_json(planner.plan("torch", "cpu", PlanOptions(ops=("gemm",), smoke=True)))
+    single = to_json(planner.plan("torch", "cpu", PlanOptions(ops=("gemm",), smoke=True, shard=(0, 1))))
+    assert whole["ops"]["gemm"]["case_id"] == single["ops"]["gemm"]["case_id"]
+    assert whole["plan_hash"] == single["plan_hash"] and whole["content_hash"] != single["content_hash"]
