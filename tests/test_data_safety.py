@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -231,3 +232,60 @@ def test_a_shard_is_part_of_the_identity_even_when_it_holds_every_case(planner):
     single = to_json(planner.plan("torch", "cpu", PlanOptions(ops=("gemm",), smoke=True, shard=(0, 1))))
     assert whole["ops"]["gemm"]["case_id"] == single["ops"]["gemm"]["case_id"]
     assert whole["plan_hash"] == single["plan_hash"] and whole["content_hash"] != single["content_hash"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a real file system that fills (root with CAP_SYS_ADMIN, as in CI)."""
+    target = tmp_path / "disk"
+    target.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "opcollect-test", str(target)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({done.stderr.decode().strip()}): needs root, as in CI")
+    yield target
+    subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def _fill(directory) -> None:
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:  # ENOSPC: the disk is full to the last page
+        pass
+    finally:
+        os.close(fd)
+
+
+def test_a_disk_that_fills_during_a_run_stops_it_in_one_line_and_it_resumes_when_space_is_back(tmp_path, small_disk):
+    from conftest import gemm_plan
+
+    shapes = [(m, n, 16) for m in (1, 2, 3, 4, 5, 6) for n in (8, 16, 24, 32, 40)]
+    plan = gemm_plan(tmp_path / "plan.json", shapes)
+    run_dir = small_disk / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opcollect", "run", "--plan", str(plan), "--out", str(run_dir), *FAST],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "shards").is_dir() and len(read_records(run_dir)) >= 3:
+            break
+        time.sleep(0.02)
+    _fill(small_disk)
+    out, err = proc.communicate(timeout=120)
+    recorded = len(read_records(run_dir))
+    assert proc.returncode == 2 and recorded < len(shapes), (proc.returncode, recorded, err[-2000:])
+    errors = [line for line in err.splitlines() if not line.startswith("[opcollect] ")]  # progress lines
+    assert "Traceback" not in err and len(errors) == 1
+    assert errors[0].startswith(f"opcollect: error: --out {run_dir}: no space left on the device")
+    (small_disk / "filler").unlink()
+    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = {}
+    for record in read_records(run_dir):
+        counts[record["case_id"]] = counts.get(record["case_id"], 0) + 1
+    assert len(counts) == len(shapes) and set(counts.values()) == {1}

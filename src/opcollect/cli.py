@@ -3,72 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import json
-import math
-import re
 import sys
 from pathlib import Path
 
 from opcollect.errors import InputError
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad flags are bad input: one line on stderr and exit 2, like every other error (no usage block)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # a value such as `--shard -1/2` is a value, not a flag (what Python 3.13's argparse does already)
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
-
-    def error(self, message: str):
-        self.exit(2, f"opcollect: error: {self.prog}: {message}; see `{self.prog} --help`\n")
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected i/N, e.g. 0/4 (shards are counted from 0)") from None
-    if count < 1 or not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"{text}: need 0 <= i < N (shards are counted from 0), e.g. 0/{max(count, 1)}")
-    return index, count
-
-
-def _number(text: str, kind: type, least: float, strict: bool):
-    """``text`` as a finite ``kind`` above ``least`` (or at least ``least`` when not ``strict``)."""
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value < least or (strict and value == least):
-        what = "a whole number" if kind is int else "a finite number"
-        raise argparse.ArgumentTypeError(f"{text!r}: must be {what} {'>' if strict else '>='} {least:g}")
-    return value
-
-
-def _count(text: str) -> int:
-    return _number(text, int, 0, strict=True)
-
-
-def _seconds(text: str) -> float:
-    return _number(text, float, 0, strict=True)
-
-
-def _ratio(text: str) -> float:
-    return _number(text, float, 0, strict=False)
-
-
-def _png(text: str) -> Path:
-    """--plot: a .png file to write, never a directory."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: is a directory; give a file name in it, e.g. {path / 'ratio.png'}")
-    if path.suffix.lower() != ".png":
-        raise argparse.ArgumentTypeError(f"{text}: the plot is a PNG image; give a file name ending in .png")
-    if not path.absolute().parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: its directory {path.parent} does not exist; create it first")
-    return path
+from opcollect.flags import Parser, count, fs_error, png, ratio, seconds, shard
 
 
 def _ops(text: str | None) -> tuple[str, ...]:
@@ -93,7 +33,7 @@ def _add_plan(sub) -> None:
     )
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op, chosen deterministically")
     p.add_argument("--case-filter", metavar="PREFIX", help="keep cases whose ID starts with PREFIX")
-    p.add_argument("--shard", type=_shard, metavar="i/N", help="the i-th of N disjoint shards (0 <= i < N)")
+    p.add_argument("--shard", type=shard, metavar="i/N", help="the i-th of N disjoint shards (0 <= i < N)")
     p.add_argument("--json", action="store_true", help="print a JSON summary to stdout")
     p.add_argument("--table", type=Path, metavar="DIR", help="write <op>.csv with one row per case")
     p.add_argument("-o", "--output", type=Path, metavar="PLAN", help="write the plan file that `run` executes")
@@ -151,15 +91,15 @@ def cmd_plan_diff(args) -> int:
 def _add_timing(p) -> None:
     p.add_argument(
         "--case-timeout",
-        type=_seconds,
+        type=seconds,
         default=120.0,
         metavar="S",
         help="seconds a case may take before its worker is killed (default 120)",
     )
-    p.add_argument("--max-noise", type=_ratio, help="stop sampling at this relative IQR (default 0.01)")
-    p.add_argument("--min-samples", type=_count, help="samples before the noise check (GPU 10, CPU 5)")
-    p.add_argument("--max-case-seconds", type=_seconds, help="sampling cap per case (GPU 1.0, CPU 0.25)")
-    p.add_argument("--workers", type=_count, help="worker processes (default: one per GPU; 1 on the CPU)")
+    p.add_argument("--max-noise", type=ratio, help="stop sampling at this relative IQR (default 0.01)")
+    p.add_argument("--min-samples", type=count, help="samples before the noise check (GPU 10, CPU 5)")
+    p.add_argument("--max-case-seconds", type=seconds, help="sampling cap per case (GPU 1.0, CPU 0.25)")
+    p.add_argument("--workers", type=count, help="worker processes (default: one per GPU; 1 on the CPU)")
 
 
 def _run_options(args, **overrides):
@@ -356,7 +296,7 @@ def _add_check(sub) -> None:
     p = sub.add_parser("check", help="data rules R1-R7 over every table under TABLES")
     p.add_argument("tables", type=Path, metavar="TABLES")
     p.add_argument("--strict", action="store_true", help="noisy rows (R7) fail the check")
-    p.add_argument("--noise-bound", type=_ratio, default=0.05, help="relative IQR above which R7 counts a row")
+    p.add_argument("--noise-bound", type=ratio, default=0.05, help="relative IQR above which R7 counts a row")
     p.set_defaults(func=cmd_check)
 
 
@@ -390,7 +330,7 @@ def _add_compare(sub) -> None:
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)
     p.add_argument("--op", help="which table when a directory holds several (e.g. gemm, attention_context)")
-    p.add_argument("--plot", type=_png, metavar="PNG", help="write ratio against the sweep axis to this .png file")
+    p.add_argument("--plot", type=png, metavar="PNG", help="write ratio against the sweep axis to this .png file")
     p.set_defaults(func=cmd_compare)
 
 
@@ -406,7 +346,7 @@ def cmd_compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="opcollect", description=__doc__)
+    parser = Parser(prog="opcollect", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_plan(sub)
     _add_plan_diff(sub)
@@ -421,34 +361,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# file-system errors that are the environment's, not a bug: what they mean and how to fix them
-_FS_ERRORS = {
-    errno.ENOSPC: ("no space left on the device", "free space there, or choose a directory on another file system"),
-    errno.EDQUOT: ("disk quota exceeded", "free space there, or choose a directory on another file system"),
-    errno.EROFS: ("read-only file system", "choose a writable directory"),
-    errno.EACCES: ("permission denied", "choose a path you may use, or fix its permissions"),
-    errno.ENOENT: ("no such file or directory", "check the path"),
-}
-# where a verb writes, named when the error carries no path (a failed write() or fsync() has none)
-_OUTPUTS = (("output", "-o"), ("table", "--table"), ("out", "--out"), ("into", "--into"), ("tables", "--tables"))
-
-
-def _fs_error(exc: OSError, args) -> str | None:
-    """One line for an OSError of the environment (full, read-only, forbidden, missing); None for others."""
-    known = _FS_ERRORS.get(exc.errno)
-    if known is None:
-        return None
-    what, fix = known
-    given = [(flag, getattr(args, name)) for name, flag in _OUTPUTS if getattr(args, name, None) is not None]
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and given:  # a write: name the flag, and the file
-        flag, value = given[0]
-        at = f" (at {exc.filename})" if exc.filename not in (None, str(value)) else ""
-        return f"{flag} {value}: {what}{at}; {fix}"
-    if exc.filename is not None:
-        return f"{exc.filename}: {what}; {fix}"
-    return f"{' '.join(map(str, given[0])) if given else f'opcollect {args.verb}'}: {what}; {fix}"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -459,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        message = _fs_error(exc, args)
+        message = fs_error(exc, args)
         if message is None:
             raise  # any other OSError is a bug to see whole
         print(f"opcollect: error: {message}", file=sys.stderr)

@@ -12,6 +12,7 @@ a torn last line, so its case counts as not recorded and a resume runs it again.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -30,8 +31,8 @@ class ShardWriter:
     def append(self, record: dict) -> None:
         line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
         written = os.write(self._fd, line)
-        if written != len(line):
-            raise OSError(f"{self.path}: short write ({written} of {len(line)} bytes); is the disk full?")
+        if written != len(line):  # only a full disk cuts a write to a regular file short
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)", str(self.path))
         self._unsynced += 1
         if self._unsynced >= FSYNC_EVERY:
             os.fsync(self._fd)
