@@ -112,7 +112,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=False, default=False)
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks under bench/ and print their figures: `nox -s bench -- plan`."""
-    names = session.posargs or ["plan", "harness", "merge"]
+    """Run the benchmarks under bench/ and print their figures: `nox -s bench -- plan [--anchor DIR ...]`.
+
+    Names come first; the flags after them go to each benchmark (bench_plan takes --anchor, --anchor-python).
+    """
+    first_flag = next((i for i, arg in enumerate(session.posargs) if arg.startswith("-")), len(session.posargs))
+    names = session.posargs[:first_flag] or ["plan", "harness", "merge"]
     for name in names:
-        session.run(sys.executable, f"bench/bench_{name}.py", external=True)
+        session.run(sys.executable, f"bench/bench_{name}.py", *session.posargs[first_flag:], external=True)

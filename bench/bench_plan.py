@@ -4,16 +4,23 @@ Each measurement runs in a fresh subprocess (cold imports, cold caches). Prints 
 and ratios against baselines measured in the same run:
   - the matrix with shared expansion against the same matrix with a fresh planner per pair
   - parsing the case YAML with libyaml (what the planner uses) against the pure-Python loader
-Targets on the 2-core dev machine: one pair < 0.5 s, matrix < 10 s, peak RSS < 1 GB.
+  - with --anchor DIR --anchor-python PY: `opcollect plan --backend vllm --sm 90 --json` against the
+    public aiconfigurator collector's own plan overview in the checkout DIR
+    (`PY collector/collect.py --backend vllm --sm 90 --plan-only --model-cases-full`, which lists ops
+    without expanding a case; it needs pyyaml, numpy and tqdm, and imports torch when PY has it, as in
+    the framework images it runs in), interleaved, median of 7 each
+Targets on the 2-core dev machine: one pair < 0.5 s, matrix < 10 s, peak RSS < 1 GB, anchor ratio <= 0.6.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 CHILD = r"""
 import json, resource, sys, time
@@ -59,17 +66,33 @@ def measure(mode: str, runs: int) -> dict:
     }
 
 
+OURS = [sys.executable, "-m", "opcollect", "plan", "--backend", "vllm", "--sm", "90", "--json"]
+
+
+def wall(command: list[str], cwd: Path | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, cwd=cwd, capture_output=True, check=True)
+    return time.perf_counter() - start
+
+
 def cli_wall(runs: int) -> float:
-    times = []
+    return statistics.median(wall(OURS) for _ in range(runs))
+
+
+def anchor_side_by_side(anchor: Path, python: str, runs: int) -> None:
+    """Ours and the anchor's plan overview, interleaved so both see the same machine load."""
+    theirs = [python, "collector/collect.py", "--backend", "vllm", "--sm", "90", "--plan-only", "--model-cases-full"]
+    with_torch = subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
+    ours_s, theirs_s = [], []
     for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "opcollect", "plan", "--backend", "vllm", "--sm", "90", "--json"],
-            capture_output=True,
-            check=True,
-        )
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        ours_s.append(wall(OURS))
+        theirs_s.append(wall(theirs, cwd=anchor))
+    a, b = statistics.median(ours_s), statistics.median(theirs_s)
+    print(
+        f"  side by side (median of {runs}, interleaved): ours {a:.3f} s; aiconfigurator plan-only {b:.3f} s "
+        f"({'torch importable, as in its images' if with_torch else 'without torch'}); ratio {a / b:.2f}   "
+        "[target <= 0.6]"
+    )
 
 
 def yaml_parse(runs: int) -> tuple[float, float]:
@@ -91,6 +114,10 @@ def yaml_parse(runs: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--anchor", type=Path, help="a checkout of ai-dynamo/aiconfigurator")
+    parser.add_argument("--anchor-python", default=sys.executable, help="a Python with pyyaml, numpy and tqdm")
+    args = parser.parse_args()
     pair = measure("pair", 7)
     matrix = measure("matrix", 3)
     unshared = measure("matrix-unshared", 1)
@@ -115,6 +142,8 @@ def main() -> None:
         f"  case YAML parse: libyaml {c_yaml * 1000:.1f} ms vs pure-Python {py_yaml * 1000:.1f} ms "
         f"(ratio {c_yaml / py_yaml:.2f})"
     )
+    if args.anchor:
+        anchor_side_by_side(args.anchor, args.anchor_python, 7)
     print("  cases per op, vllm/sm90:")
     for op, n in pair["counts"].items():
         print(f"    {op:22s} {n:8d}")
