@@ -127,28 +127,8 @@ def test_failed_run_removes_its_container(docker_client, tmp_path):
 
 def test_interrupted_container_run_resumes_to_a_complete_table(docker_client, tmp_path):
     run_dir, tables = tmp_path / "run", tmp_path / "tables"
-    args = [
-        sys.executable,
-        "-m",
-        "opcollect",
-        "collect",
-        "torch",
-        "--base-image",
-        LOCAL,
-        "--device",
-        "cpu",
-        "--smoke",
-        "--ops",
-        "gemm,attention_context,moe",
-        "--max-noise",
-        "0",
-        "--max-case-seconds",
-        "0.8",
-        "--out",
-        str(run_dir),
-        "--tables",
-        str(tables),
-    ]
+    args = [*_smoke_args(run_dir, tables), "--ops", "gemm,attention_context,moe"]
+    args += ["--max-noise", "0", "--max-case-seconds", "0.8"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from opcollect.errors import InputError
 from opcollect.images.context import BuildPlan, plan_build, render_context
-from opcollect.images.engine import connect, ensure_image
+from opcollect.images.engine import connect, ensure_image, image_id
 from opcollect.images.pins import load_pins
 from opcollect.project import ProjectTree
 
@@ -34,6 +34,18 @@ class BuiltImage:
 
 class BuildFailed(InputError):
     """The engine refused the build; the message holds the failing step's log."""
+
+
+def _local_ids(client) -> Callable[[str], str]:
+    """The image ID of a local base image by reference; one line when it is not there."""
+
+    def local_id(ref: str) -> str:
+        found = image_id(client, ref)
+        if found is None:
+            raise InputError(f"--base-image {ref}: no such local image; build it with `nox -s base-image`")
+        return found
+
+    return local_id
 
 
 def _python_tag(client, image: str) -> str:
@@ -60,11 +72,7 @@ def build_image(
     start = time.perf_counter()
     client = connect()
 
-    def local_id(ref: str) -> str:
-        try:
-            return client.images.get(ref).id
-        except ImageNotFound:
-            raise InputError(f"--base-image {ref}: no such local image; build it with `nox -s base-image`") from None
+    local_id = _local_ids(client)
 
     plan = plan_build(tree, backend, pins_path, base_image, local_id)
     if not no_cache:
@@ -165,11 +173,7 @@ def prune_images(
 
     client = connect()
 
-    def local_id(ref: str) -> str:
-        try:
-            return client.images.get(ref).id
-        except ImageNotFound:
-            raise InputError(f"{ref}: gone") from None
+    local_id = _local_ids(client)
 
     images = [
         image

@@ -41,3 +41,13 @@ def ensure_image(client, ref: str) -> None:
             f"image {ref} is not present and cannot be pulled ({reason}); pull it on a machine "
             "that reaches its registry, or pass --base-image"
         ) from None
+
+
+def image_id(client, ref: str) -> str | None:
+    """The ID of a local image, or None when the engine has no such image."""
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(ref).id
+    except ImageNotFound:
+        return None
