@@ -477,14 +477,14 @@ MUTANTS: list[Mutant] = [
     m(
         "plan-ids-not-rederived",
         "plans/planfile.py",
-        "        if template % value != case_id:",
-        "        if False:",
+        "    if derived != ids:",
+        "    if False:",
         f"{SAFETY}::test_an_edited_plan_file_is_refused",
     ),
     m(
         "plan-hash-not-recomputed",
         "plans/planfile.py",
-        "if shard is None and plan_hash(plan_header(backend, sm), lines) != whole:",
+        "if shard is None and plan_hash(plan_header(backend, sm), lines, presorted=True) != whole:",
         "if False:",
         f"{SAFETY}::test_an_edited_plan_file_is_refused",
     ),

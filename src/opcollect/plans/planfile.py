@@ -70,7 +70,6 @@ def _selection(plan: Plan) -> dict:
 
 def to_json(plan: Plan) -> dict:
     ops = {}
-    lines: list[str] = []
     for name, sel in plan.ops.items():
         fields = sel.op.fields
         ops[name] = {
@@ -85,7 +84,6 @@ def to_json(plan: Plan) -> dict:
             if sel.rows is None
             else [{"row_id": r.row_id, "dispatch": r.dispatch, "case_ids": list(r.case_ids)} for r in sel.rows],
         }
-        lines.extend(canonical_lines(sel.ids, sel.dispatch, sel.rows))
     selection = _selection(plan)
     return {
         "format": FORMAT,
@@ -94,7 +92,9 @@ def to_json(plan: Plan) -> dict:
         "sm": plan.sm,
         "collector_hash": plan.collector_hash,
         "plan_hash": plan.plan_hash,
-        "content_hash": content_hash(plan.backend, plan.sm, plan.plan_hash, plan.options.shard, selection, lines),
+        "content_hash": content_hash(
+            plan.backend, plan.sm, plan.plan_hash, plan.options.shard, selection, plan.canonical, presorted=True
+        ),
         "shard": None
         if plan.options.shard is None
         else {"index": plan.options.shard[0], "count": plan.options.shard[1]},
@@ -144,28 +144,33 @@ def _parse_op(name: str, raw: dict, typed: bool) -> tuple[PlannedOp, list[str]]:
     if any(len(c) != len(ids) for c in columns) or len(dispatch) != len(ids):
         raise _Broken(f"{where}columns", f"column lengths differ from the {len(ids)} case IDs")
     values = list(zip(*columns)) if ids else []
-    dtype_at = op.fields.index(op.dtype_field)
-    templates: dict[object, str] = {}
-    for case_id, value in zip(ids, values):
-        dtype = value[dtype_at]
-        template = templates.get(dtype)
-        if template is None:
-            template = templates[dtype] = id_template(name, op.fields, op.dtype_field, dtype)
-        if template % value != case_id:
-            raise _Broken(f"{where}columns", f"case {case_id} holds {template % value}")
-    raw_rows = raw.get("rows")
-    if raw_rows is None:
-        rows = [Row(case_id, d, (case_id,)) for case_id, d in zip(ids, dispatch)]
+    dtypes = columns[op.fields.index(op.dtype_field)]
+    templates = {d: id_template(name, op.fields, op.dtype_field, d) for d in set(dtypes)}
+    if len(templates) == 1:
+        derived = list(map(next(iter(templates.values())).__mod__, values))
     else:
-        rows = [Row(str(r["row_id"]), str(r["dispatch"]), tuple(r["case_ids"])) for r in raw_rows]
-    lines = canonical_lines(ids, dispatch, None if raw_rows is None else rows)
-    cases = list(map(op.case_type._make, values)) if typed else []
+        derived = [templates[d] % v for d, v in zip(dtypes, values)]
+    if derived != ids:
+        at = next(i for i, (a, b) in enumerate(zip(derived, ids)) if a != b)
+        raise _Broken(f"{where}columns", f"case {ids[at]} holds {derived[at]}")
+    raw_rows = raw.get("rows")
+    batched = (
+        None
+        if raw_rows is None
+        else [Row(str(r["row_id"]), str(r["dispatch"]), tuple(r["case_ids"])) for r in raw_rows]
+    )
+    lines = canonical_lines(ids, dispatch, batched)
+    if not typed:  # verification only: the runtime's typed cases and one-case rows are not needed
+        return PlannedOp(name, op.table, op.family, op.op_name, [], ids, dispatch, batched or []), lines
+    rows = batched if batched is not None else [Row(case_id, d, (case_id,)) for case_id, d in zip(ids, dispatch)]
+    cases = list(map(op.case_type._make, values))
     planned = PlannedOp(name, op.table, op.family, op.op_name, cases, ids, dispatch, rows)
     return planned, lines
 
 
 def parse_plan(path: Path, data: dict, typed: bool = True) -> PlanFile:
-    """The plan ``data`` read from ``path``, verified; ``typed=False`` leaves PlannedOp.cases empty."""
+    """The plan ``data`` read from ``path``, verified; ``typed=False`` only verifies: PlannedOp.cases is
+    empty and so are the rows of unbatched ops."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(f"{path}: not an opcollect plan file (field 'format' is not {FORMAT!r})")
     if data.get("format_version") != FORMAT_VERSION:
@@ -187,9 +192,11 @@ def parse_plan(path: Path, data: dict, typed: bool = True) -> PlanFile:
             ops[name], op_lines = _parse_op(name, raw, typed)
             lines.extend(op_lines)
         whole = _field(data, "plan_hash", str)
-        if shard is None and plan_hash(plan_header(backend, sm), lines) != whole:
+        lines.sort()
+        if shard is None and plan_hash(plan_header(backend, sm), lines, presorted=True) != whole:
             raise _Broken("plan_hash", "differs from the hash of the cases the file holds")
-        if content_hash(backend, sm, whole, shard, selection, lines) != _field(data, "content_hash", str):
+        stated = _field(data, "content_hash", str)
+        if content_hash(backend, sm, whole, shard, selection, lines, presorted=True) != stated:
             raise _Broken("content_hash", "differs from the hash of what the file holds")
         collector = _field(data, "collector_hash", str)
     except _Broken as exc:

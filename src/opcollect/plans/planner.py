@@ -69,6 +69,8 @@ class Plan:
     options: PlanOptions
     ops: dict[str, OpSelection]
     model_configs: tuple[str, ...] = ()
+    # this plan's canonical lines (of its shard, when sharded), sorted: content_hash reuses them
+    canonical: list[str] = field(default_factory=list, repr=False)
 
     @property
     def total_cases(self) -> int:
@@ -133,10 +135,12 @@ class Planner:
             selection = self._select(OPS[op], backend, sm, options)
             selections[op] = selection
             canonical.extend(_canonical_lines(selection))
-        digest = plan_hash(plan_header(backend, sm), canonical)
+        canonical.sort()
+        digest = plan_hash(plan_header(backend, sm), canonical, presorted=True)
         if options.shard is not None:
             selections = {op: _shard(s, *options.shard) for op, s in selections.items()}
-        return Plan(backend, sm, self.collector_hash, digest, options, selections, self.model_configs)
+            canonical = sorted(line for s in selections.values() for line in _canonical_lines(s))
+        return Plan(backend, sm, self.collector_hash, digest, options, selections, self.model_configs, canonical)
 
     def _select(self, op: OpPlan, backend: str, sm: str, options: PlanOptions) -> OpSelection:
         picked: list[_Picked] = []
@@ -202,8 +206,9 @@ def plan_of_cases(
         dict(Counter(op.label_of(c) for c in cases)),
         dict(Counter(dispatches)),
     )
-    digest = plan_hash(plan_header(backend, sm), _canonical_lines(selection))
-    return Plan(backend, sm, collector_hash, digest, PlanOptions(ops=(op_name,)), {op_name: selection})
+    canonical = sorted(_canonical_lines(selection))
+    digest = plan_hash(plan_header(backend, sm), canonical, presorted=True)
+    return Plan(backend, sm, collector_hash, digest, PlanOptions(ops=(op_name,)), {op_name: selection}, (), canonical)
 
 
 def _smoke(op: OpPlan, picked: list[_Picked]) -> list[_Picked]:
