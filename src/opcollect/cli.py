@@ -37,6 +37,12 @@ def _add_plan(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary to stdout")
     p.add_argument("--table", type=Path, metavar="DIR", help="write <op>.csv with one row per case")
     p.add_argument("-o", "--output", type=Path, metavar="PLAN", help="write the plan file that `run` executes")
+    p.add_argument(
+        "--against",
+        type=Path,
+        metavar="TABLES",
+        help="report how many key rows of the backend's tables in TABLES the plan covers, and the missing patterns",
+    )
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
     p.set_defaults(func=cmd_plan)
 
@@ -53,6 +59,8 @@ def cmd_plan(args) -> int:
     pairs = [(b, s) for b in backends for s in sms]
     if args.output and len(pairs) > 1:
         raise InputError("-o writes one plan: give one --backend and one --sm, not all")
+    if args.against and len(pairs) > 1:
+        raise InputError("--against compares one plan: give one --backend and one --sm, not all")
     ops = _ops(args.ops)
     options = PlanOptions(ops=ops, smoke=args.smoke, case_filter=args.case_filter, shard=args.shard)
     planner = Planner(find_project(args.root), tuple(args.model_config))
@@ -60,6 +68,10 @@ def cmd_plan(args) -> int:
     for backend, sm in pairs:
         plan = planner.plan(backend, sm, options)
         summaries.append(summary(plan))
+        if args.against:  # before writing anything: a bad TABLES stops here
+            from opcollect.plans.coverage import coverage
+
+            summaries[-1]["coverage"] = coverage(plan, args.against)
         if args.table:
             write_tables(plan, args.table if len(pairs) == 1 else args.table / f"{backend}-sm{sm}")
         if args.output:
@@ -69,6 +81,10 @@ def cmd_plan(args) -> int:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
     else:
         sys.stdout.write(render(summaries, terminal=sys.stdout.isatty()))
+        if args.against:
+            from opcollect.plans.coverage import render_coverage
+
+            sys.stdout.write(render_coverage(summaries[0]["coverage"]))
         if args.output:
             print(f"plan written to {args.output}")
     return 0
