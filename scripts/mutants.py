@@ -45,6 +45,7 @@ POOL = "tests/test_planted_pool.py"
 TABLES = "tests/test_planted_tables.py"
 IMAGES = "tests/test_planted_images.py"
 SAFETY = "tests/test_data_safety.py"
+COMM = "tests/test_comm_plans.py"
 BAD = "tests/test_bad_inputs.py::test_bad_input_is_one_line_and_exit_2[resume-nothing-there]"
 
 
@@ -557,6 +558,28 @@ MUTANTS: list[Mutant] = [
         'garbage += lines.filter(pc.and_(pc.is_null(lines["case_id"]), pc.is_null(lines["kind"]))).num_rows',
         "garbage += 0",
         f"{SAFETY}::test_garbage_shard_lines_are_counted_in_the_output_and_the_sidecar",
+    ),
+    # ---- communication: elements, the collective in op_name, the variant in the key ------------------
+    m(
+        "comm-message-size-in-bytes",
+        "backends/torch/comm.py",
+        "        return message_size, 0\n",
+        "        return message_size // 2, 0\n",
+        f"{COMM}::test_message_size_counts_elements_of_the_dtype",
+    ),
+    m(
+        "r6-ignores-the-case-s-op-name",
+        "tables/rules.py",
+        "    if schema.op.op_name is None:  # the case's own op_name",
+        "    if False:  # the case's own op_name",
+        f"{COMM}::test_check_flags_an_op_name_other_than_the_case_s",
+    ),
+    m(
+        "custom-allreduce-variant-before-latency",
+        "plans/comm.py",
+        '    after_latency=("backend",),\n',
+        "",
+        f"{COMM}::test_the_variant_is_part_of_the_custom_allreduce_key",
     ),
 ]
 

@@ -86,7 +86,8 @@ def test_smoke_picks_at_most_four_cheap_cases_per_op_deterministically(planner):
     again = planner.plan("torch", "cpu", PlanOptions(smoke=True))
     full = planner.plan("torch", "cpu")
     for name, sel in smoke.ops.items():
-        assert 1 <= len(sel.ids) <= 4, name
+        # torch plans no custom_allreduce (no all-reduce of its own); every other op gets 1 to 4 cases
+        assert 1 <= len(sel.ids) <= 4 or (name == "custom_allreduce" and not full.ops[name].ids), name
         assert set(sel.ids) <= set(full.ops[name].ids)
         assert sel.ids == again.ops[name].ids
     op = full.ops["gemm"].op

@@ -29,11 +29,12 @@ LLAMA_70B = {
 
 
 def llama70b_pairs() -> set[tuple[int, int]]:
-    """qkv, o, gate_up, down (n, k) per rank at TP 1, 2, 4, 8, from the public shape rules."""
+    """qkv, o, gate_up, down, lm_head (n, k) per rank at TP 1, 2, 4, 8, from the public shape rules."""
     pairs = set()
     for tp in (1, 2, 4, 8):
         q, kv = 64 // tp, max(8 // tp, 1)
         pairs |= {((q + 2 * kv) * 128, 8192), (8192, q * 128), (2 * 28672 // tp, 8192), (8192, 28672 // tp)}
+        pairs.add((128256 // tp, 8192))
     return pairs
 
 
@@ -53,7 +54,7 @@ def test_llama70b_config_adds_its_shapes_only_when_given(tree_copy, tmp_path):
     done = run_cli(*common, "--model-config", str(config), "--table", str(with_config))
     assert done.returncode == 0, done.stderr
     expected = llama70b_pairs()
-    assert len(expected) == 16
+    assert len(expected) == 20
     base, extended = _gemm_pairs(without), _gemm_pairs(with_config)
     assert expected <= extended
     lacking = expected - base
@@ -71,11 +72,30 @@ def test_config_and_profile_give_the_same_shapes(tmp_path):
     assert {tuple(s) for s in derive_shapes(from_config, [1, 2, 4, 8]).gemm} == llama70b_pairs()
 
 
-def test_unknown_architecture_lists_supported(tmp_path):
+def test_unknown_architecture_with_standard_keys_is_planned(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**LLAMA_70B, "architectures": ["MambaForCausalLM"]}))
-    with pytest.raises(InputError, match=r"unknown architecture 'MambaForCausalLM'; supported: .*LlamaForCausalLM"):
+    spec = read_hf_config(config)
+    assert spec.notes == (
+        "meta-llama/Llama-3.1-70B: unknown architecture MambaForCausalLM, planned from its standard config.json keys",
+    )
+    assert {tuple(s) for s in derive_shapes(spec, [1, 2, 4, 8]).gemm} == llama70b_pairs()
+
+
+def test_unknown_architecture_without_standard_keys_lists_the_known(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"architectures": ["MambaForCausalLM"], "hidden_size": 768}))
+    with pytest.raises(
+        InputError, match=r"unknown architecture 'MambaForCausalLM' and no key 'num_attention_heads'.*LlamaForCausalLM"
+    ):
         read_hf_config(config)
+
+
+def test_qwen2_is_no_longer_refused(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_70B, "architectures": ["Qwen2ForCausalLM"]}))
+    spec = read_hf_config(config)
+    assert spec.architecture == "Qwen2ForCausalLM" and spec.notes == ()
 
 
 def test_missing_key_is_named(tmp_path):
@@ -95,17 +115,18 @@ def test_every_profile_shape_is_in_the_sweeps(planner):
         (c.num_heads, c.num_key_value_heads, c.head_dim, c.window_size) for c in cases_of(plan.ops["attention_context"])
     }
     moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in cases_of(plan.ops["moe"])}
-    mla = {(c.num_heads, c.tp_size) for c in cases_of(plan.ops["mla_generation"])}
+    mla = {c.num_heads for c in cases_of(plan.ops["mla_generation"])}  # heads per rank
     for spec in planner.sources.models:
         shapes = derive_shapes(spec, [1, 2, 4, 8])
         assert {tuple(s) for s in shapes.gemm} <= gemm, spec.name
         assert {tuple(s) for s in shapes.attention} <= heads, spec.name
         assert {tuple(s) for s in shapes.moe} <= moe, spec.name
-        assert {(s.num_heads // tp, tp) for s in shapes.mla for tp in (1, 2, 4, 8)} <= mla, spec.name
+        assert {s.num_heads // tp for s in shapes.mla for tp in (1, 2, 4, 8)} <= mla, spec.name
 
 
 def test_moe_splits_follow_the_rules(planner):
-    plan = planner.plan("vllm", "90", PlanOptions(ops=("moe",)))
+    # TensorRT-LLM runs combined TP x EP splits; vLLM runs TP-only or EP-only ones (skips.py)
+    plan = planner.plan("trtllm", "90", PlanOptions(ops=("moe",)))
     seen = set()
     for c in cases_of(plan.ops["moe"]):
         assert c.moe_ep_size <= c.num_experts and c.num_experts % c.moe_ep_size == 0

@@ -59,8 +59,8 @@ def test_plan_diff_reports_added_removed_and_dispatch(tree_copy, tmp_path):
 
 def test_plan_diff_on_summaries(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(run_cli("plan", "--backend", "vllm", "--sm", "89", "--json", "--ops", "gemm").stdout)
-    b.write_text(run_cli("plan", "--backend", "vllm", "--sm", "90", "--json", "--ops", "gemm").stdout)
+    a.write_text(run_cli("plan", "--backend", "vllm", "--sm", "86", "--json", "--ops", "gemm").stdout)
+    b.write_text(run_cli("plan", "--backend", "vllm", "--sm", "89", "--json", "--ops", "gemm").stdout)
     done = run_cli("plan-diff", str(a), str(b))
     assert done.returncode == 0, done.stderr
     assert "gemm: +" in done.stdout and "dtype fp8_block: 0 -> " in done.stdout

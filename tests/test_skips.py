@@ -85,16 +85,22 @@ def test_plan_reports_each_entry_and_capabilities(planner):
     cpu = planner.plan("torch", "cpu")
     assert cpu.ops["attention_context"].skipped.get("torch-sdpa-no-sinks", 0) > 0  # gpt-oss window heads
     assert all(c.window_size != 128 for c in cases_of(cpu.ops["attention_context"]))
-    assert set(cpu.ops["gemm"].by_dtype) == {"bfloat16", "float32"}  # the CPU: no fp8
+    assert set(cpu.ops["gemm"].by_dtype) == {"bfloat16", "float32", "int4_wo"}  # the CPU: no fp8
     sm80 = planner.plan("trtllm", "80", PlanOptions(ops=("gemm",)))
     assert set(sm80.ops["gemm"].by_dtype) == {"bfloat16", "int4_wo"}
     assert sm80.ops["gemm"].skipped["fp8-needs-sm89"] == sm80.ops["gemm"].by_dtype["bfloat16"]
     sm89 = planner.plan("vllm", "89", PlanOptions(ops=("gemm",)))
-    assert "fp8" in sm89.ops["gemm"].by_dtype and "fp8_block" not in sm89.ops["gemm"].by_dtype
+    assert "fp8" in sm89.ops["gemm"].by_dtype and "fp8_block" in sm89.ops["gemm"].by_dtype  # Triton block fp8
+    sm86 = planner.plan("vllm", "86", PlanOptions(ops=("gemm",)))
+    assert "fp8_block" not in sm86.ops["gemm"].by_dtype and sm86.ops["gemm"].skipped["fp8-block-needs-sm89"] > 0
     sm90 = planner.plan("sglang", "90", PlanOptions(ops=("gemm",)))
     assert "fp8_block" in sm90.ops["gemm"].by_dtype and "nvfp4" not in sm90.ops["gemm"].by_dtype
     sm100 = planner.plan("vllm", "100", PlanOptions(ops=("gemm",)))
     assert "nvfp4" in sm100.ops["gemm"].by_dtype
     torch90 = planner.plan("torch", "90", PlanOptions(ops=("gemm",)))
-    assert set(torch90.ops["gemm"].by_dtype) == {"bfloat16", "fp8"}
-    assert set(torch90.ops["gemm"].by_dispatch) == {"torch.nn.functional.linear", "torch._scaled_mm"}
+    assert set(torch90.ops["gemm"].by_dtype) == {"bfloat16", "fp8", "int4_wo"}
+    assert set(torch90.ops["gemm"].by_dispatch) == {
+        "torch.nn.functional.linear",
+        "torch._scaled_mm",
+        "torch._weight_int4pack_mm",
+    }

@@ -44,11 +44,11 @@ def test_gemm_grid_errors_name_file_and_field(tree_copy, change, needle):
 
 def test_cli_exits_2_on_a_broken_grid(tree_copy):
     path = tree_copy / "cases" / "base_ops" / "attention_context.yaml"
-    edit_yaml(path, lambda d: d["grid"]["heads"].update(head_dim="128"))
+    edit_yaml(path, lambda d: d["grid"]["heads"][0].update(head_dim="128"))
     done = run_cli("plan", "--root", str(tree_copy))
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
-    assert "attention_context.yaml: field 'grid.heads.head_dim': Input should be a valid list" in done.stderr
+    assert "attention_context.yaml: field 'grid.heads.0.head_dim': Input should be a valid list" in done.stderr
 
 
 def test_invalid_yaml_syntax_names_the_line(tree_copy):

@@ -18,8 +18,11 @@ SM = Literal[SMS]  # one of names.SMS
 GemmDtype = Literal["float32", "bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo"]
 ActDtype = Literal["float32", "bfloat16", "fp8"]
 KvDtype = Literal["float32", "bfloat16", "fp8"]
-MoeDtype = Literal["float32", "bfloat16", "fp8", "fp8_block", "nvfp4"]
-CommDtype = Literal["float32", "half", "bfloat16"]
+# w4a16_mxfp4: MXFP4 expert weights with bf16 activations; w4a8_mxfp4_mxfp8: MXFP4 weights with MXFP8 activations
+MoeDtype = Literal["float32", "bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8"]
+CommDtype = Literal["half", "int8", "fp8"]  # nccl_dtype: the consumer knows no other
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall"]  # nccl_perf's op_name
+AllreduceDtype = Literal["bfloat16", "half"]
 Distribution = Literal["balanced", "power_law_1.01", "power_law_1.2"]
 
 
@@ -77,10 +80,32 @@ class HeadSweep(Frozen):
     window_size: list[NonNegInt] = [0]
 
 
+class ModelHeads(Frozen):
+    """One attention layer type of a model without a profile: its per-rank heads at each TP size.
+
+    Per rank: num_heads / tp query heads (a tp that does not divide them is left out) and
+    ceil(kv_heads / tp) kv heads (kv heads are replicated once there are more ranks than kv heads).
+    """
+
+    model: str = Field(min_length=1)
+    num_heads: PosInt
+    kv_heads: PosInt
+    head_dim: PosInt
+    window_size: list[NonNegInt] = Field([0], min_length=1)
+    tp_sizes: list[PosInt] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _kv_divides(self) -> ModelHeads:
+        if self.kv_heads > self.num_heads or self.num_heads % self.kv_heads:
+            raise ValueError(f"kv_heads {self.kv_heads} must divide num_heads {self.num_heads}")
+        return self
+
+
 class AttentionGrid(Frozen):
     precisions: Annotated[list[AttentionPrecision], Distinct] = Field(min_length=1)
     batch_size: list[PosInt] = Field(min_length=1)
-    heads: HeadSweep
+    heads: list[HeadSweep] = Field(min_length=1, description="generic sweeps; their union is planned")
+    model_heads: list[ModelHeads] = []
     max_tokens_mha: PosInt
     max_tokens_gqa: PosInt
     model_tp_sizes: list[PosInt] = Field(min_length=1)
@@ -88,10 +113,20 @@ class AttentionGrid(Frozen):
 
 class ContextAttentionGrid(AttentionGrid):
     isl: list[PosInt] = Field(min_length=1)
+    max_batch_mha: PosInt | None = Field(None, description="largest batch_size planned for MHA heads")
+    max_kv_elements: PosInt | None = Field(None, description="batch_size x isl x kv heads x head_dim x 2 stays below")
+
+
+# Generation caps: batch b at s = step + 1 cached tokens is planned while b x s x scale <= the token cap, where
+# scale is 1 (tokens), num_heads (heads) or num_heads x head_dim / 128 (head_elements).
+CapRule = Literal["tokens", "heads", "head_elements"]
 
 
 class GenerationAttentionGrid(AttentionGrid):
     step: list[PosInt] = Field(min_length=1, description="past KV length per sequence")
+    cap_rules: Annotated[list[CapRule], Distinct] = Field(["tokens"], min_length=1, description="union of rules")
+    min_batch_sizes_per_step: PosInt = Field(1, description="a step is planned only where this many batch sizes fit")
+    drop_longest_step_from_batch: PosInt | None = Field(None, description="batches this large skip their longest step")
 
 
 class MoeShapeEntry(Frozen):
@@ -99,14 +134,26 @@ class MoeShapeEntry(Frozen):
     inter_size: PosInt
     topk: PosInt
     num_experts: PosInt
+    dtypes: Annotated[list[MoeDtype], Distinct] | None = Field(
+        None, min_length=1, description="the formats the model is served in; default: the grid's dtypes"
+    )
 
 
 class MoeGrid(Frozen):
-    dtypes: Annotated[list[MoeDtype], Distinct] = Field(min_length=1)
+    dtypes: Annotated[list[MoeDtype], Distinct] = Field(min_length=1, description="for shapes that name none")
     num_tokens: list[PosInt] = Field(min_length=1)
     distributions: Annotated[list[Distribution], Distinct] = Field(min_length=1)
     gpus: list[PosInt] = Field(min_length=1, description="moe_tp_size x moe_ep_size")
+    max_tp_size: PosInt | None = Field(None, description="largest moe_tp_size; the rest of a split goes to experts")
     shapes: list[MoeShapeEntry] = []
+
+    @model_validator(mode="after")
+    def _shapes_once(self) -> MoeGrid:
+        keys = [(s.hidden_size, s.inter_size, s.topk, s.num_experts) for s in self.shapes]
+        for i, key in enumerate(keys):
+            if key in keys[:i]:
+                raise ValueError(f"shape {key} is listed twice; list each (hidden, inter, topk, experts) once")
+        return self
 
 
 class MlaPrecision(Frozen):
@@ -118,7 +165,9 @@ class MlaGrid(Frozen):
     precisions: Annotated[list[MlaPrecision], Distinct] = Field(min_length=1)
     batch_size: list[PosInt] = Field(min_length=1)
     tp_size: list[PosInt] = Field(min_length=1)
-    num_heads: list[PosInt] = Field(min_length=1, description="total heads, split by tp_size")
+    num_heads: list[PosInt] = Field(
+        min_length=1, description="total heads; each per-rank count is labelled with the smallest tp_size giving it"
+    )
     max_tokens: PosInt
 
 
@@ -130,10 +179,40 @@ class GenerationMlaGrid(MlaGrid):
     step: list[PosInt] = Field(min_length=1)
 
 
+GpuCount = Annotated[int, Field(strict=True, ge=2)]
+
+
 class CommGrid(Frozen):
+    op_names: Annotated[list[Collective], Distinct] = Field(min_length=1)
     dtypes: Annotated[list[CommDtype], Distinct] = Field(min_length=1)
-    num_gpus: list[Annotated[int, Field(strict=True, ge=2)]] = Field(min_length=1)
-    message_size: list[PosInt] = Field(min_length=1)
+    num_gpus: list[GpuCount] = Field(min_length=1)
+    message_size: dict[CommDtype, list[PosInt]] = Field(description="per dtype: elements of it, not bytes")
+
+    @model_validator(mode="after")
+    def _sizes_per_dtype(self) -> CommGrid:
+        if set(self.message_size) != set(self.dtypes):
+            raise ValueError(
+                f"message_size lists sizes for {sorted(self.message_size)}, dtypes are {sorted(self.dtypes)}; "
+                "give one list of element counts per dtype"
+            )
+        _ascending_unique("num_gpus", self.num_gpus)
+        for dtype, sizes in self.message_size.items():
+            if not sizes:
+                raise ValueError(f"message_size.{dtype} is empty")
+            _ascending_unique(f"message_size.{dtype}", sizes)
+        return self
+
+
+class CustomAllreduceGrid(Frozen):
+    dtypes: Annotated[list[AllreduceDtype], Distinct] = Field(min_length=1)
+    num_gpus: list[GpuCount] = Field(min_length=1)
+    message_size: list[PosInt] = Field(min_length=1, description="elements of the dtype, not bytes")
+
+    @model_validator(mode="after")
+    def _sorted(self) -> CustomAllreduceGrid:
+        for axis in ("num_gpus", "message_size"):
+            _ascending_unique(axis, getattr(self, axis))
+        return self
 
 
 G = TypeVar("G", bound=Frozen)
@@ -157,4 +236,5 @@ GRID_TYPES: dict[str, type[Frozen]] = {
     "mla_context": ContextMlaGrid,
     "mla_generation": GenerationMlaGrid,
     "comm": CommGrid,
+    "custom_allreduce": CustomAllreduceGrid,
 }

@@ -1,93 +1,106 @@
 """Model profiles (cases/models/<Architecture>.yaml) and Hugging Face config.json files.
 
-Both describe a model with the config.json keys of its architecture; ``derive_shapes`` turns one into
-the per-rank shapes that the sweeps must include. A profile and a config.json of the same model give
-the same shapes.
+Both describe a model with standard config.json keys. ``parse_config`` reads the keys into one layout
+(attention, dense MLP, experts, vocabulary) whatever the architecture is called; a few families differ
+only in defaults their config class fills in, or in how sliding-window layers are laid out (``FAMILIES``).
+An architecture not listed there is planned from the same keys, with a note. ``derive_shapes`` turns a
+layout into the per-rank shapes the sweeps must include, so a profile and a config.json of the same
+model give the same shapes.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Annotated, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from opcollect.cases.grids import PosInt
+from opcollect.cases.grids import NonNegInt, PosInt
 from opcollect.errors import InputError
 from opcollect.yamlio import describe_validation_error, not_utf8
 
 
-class _Config(BaseModel):
+class ModelConfig(BaseModel):
+    """The config.json keys shapes are derived from; a config.json's other keys are not read."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     hidden_size: PosInt
     num_attention_heads: PosInt
+    num_key_value_heads: PosInt | None = None  # absent: one kv head per query head
+    head_dim: PosInt | None = None  # absent: hidden_size / num_attention_heads
+    intermediate_size: PosInt | None = None
+    vocab_size: PosInt | None = None
+    num_hidden_layers: PosInt | None = None
+    # mixture of experts: the expert count goes by three names; 0 means a dense model
+    num_experts: NonNegInt | None = None
+    num_local_experts: NonNegInt | None = None
+    n_routed_experts: NonNegInt | None = None
+    num_experts_per_tok: NonNegInt | None = None
+    moe_intermediate_size: PosInt | None = None
+    n_shared_experts: NonNegInt | None = None  # shared experts of moe_intermediate_size each
+    shared_expert_intermediate_size: NonNegInt | None = None  # one shared expert of this size
+    first_k_dense_replace: NonNegInt | None = None  # the first k layers are dense
+    moe_layer_freq: PosInt | None = None
+    decoder_sparse_step: PosInt | None = None
+    mlp_only_layers: Annotated[tuple[NonNegInt, ...], Field(strict=False)] | None = None
+    # multi-head latent attention
+    q_lora_rank: PosInt | None = None  # absent: q is projected from hidden directly
+    kv_lora_rank: PosInt | None = None
+    qk_nope_head_dim: PosInt | None = None
+    qk_rope_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
+    # sliding-window attention
+    sliding_window: PosInt | None = None
+    use_sliding_window: bool | None = None
+    max_window_layers: NonNegInt | None = None
+    sliding_window_pattern: PosInt | None = None
+    layer_types: Annotated[tuple[str, ...], Field(strict=False)] | None = None
 
-    @field_validator("num_key_value_heads", check_fields=False)
+    @field_validator("num_key_value_heads")
     @classmethod
-    def _kv_heads_group_the_heads(cls, kv: int, info: ValidationInfo) -> int:
+    def _kv_heads_group_the_heads(cls, kv: int | None, info: ValidationInfo) -> int | None:
         heads = info.data.get("num_attention_heads")
-        if heads is not None and kv > heads:
+        if kv is not None and heads is not None and kv > heads:
             raise ValueError(f"{kv} is greater than num_attention_heads {heads}; set it to a divisor of {heads}")
-        if heads is not None and heads % kv:
+        if kv is not None and heads is not None and heads % kv:
             raise ValueError(f"{kv} does not divide num_attention_heads {heads}; set it to a divisor of {heads}")
         return kv
 
 
-class DenseConfig(_Config):
-    num_key_value_heads: PosInt
-    head_dim: PosInt | None = None
-    intermediate_size: PosInt
+KEYS = tuple(ModelConfig.model_fields)
 
 
-class Qwen3MoeConfig(_Config):
-    num_key_value_heads: PosInt
-    head_dim: PosInt | None = None
-    num_experts: PosInt
-    num_experts_per_tok: PosInt
-    moe_intermediate_size: PosInt
+@dataclass(frozen=True)
+class Family:
+    """Where an architecture differs from the plain reading of its keys."""
+
+    defaults: Mapping[str, object] = field(default_factory=dict)  # its config class's defaults for absent keys
+    alternating_window: bool = False  # sliding and full layers alternate when layer_types is absent
 
 
-class MixtralConfig(_Config):
-    num_key_value_heads: PosInt
-    head_dim: PosInt | None = None
-    intermediate_size: PosInt
-    num_local_experts: PosInt
-    num_experts_per_tok: PosInt
+_PLAIN = Family()
+_QWEN = Family(defaults={"use_sliding_window": False})  # sliding_window is set but unused unless enabled
+_GEMMA3 = Family(defaults={"head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6})
 
-
-class GptOssConfig(_Config):
-    num_key_value_heads: PosInt
-    head_dim: PosInt
-    intermediate_size: PosInt
-    num_local_experts: PosInt
-    num_experts_per_tok: PosInt
-    sliding_window: PosInt
-
-
-class DeepseekV3Config(_Config):
-    q_lora_rank: PosInt
-    kv_lora_rank: PosInt
-    qk_nope_head_dim: PosInt
-    qk_rope_head_dim: PosInt
-    v_head_dim: PosInt
-    intermediate_size: PosInt
-    moe_intermediate_size: PosInt
-    n_routed_experts: PosInt
-    n_shared_experts: int = Field(ge=0)
-    num_experts_per_tok: PosInt
-    first_k_dense_replace: int = Field(ge=0)
-
-
-ARCHITECTURES: dict[str, type[_Config]] = {
-    "LlamaForCausalLM": DenseConfig,
-    "Qwen3ForCausalLM": DenseConfig,
-    "Qwen3MoeForCausalLM": Qwen3MoeConfig,
-    "MixtralForCausalLM": MixtralConfig,
-    "GptOssForCausalLM": GptOssConfig,
-    "DeepseekV3ForCausalLM": DeepseekV3Config,
+FAMILIES: dict[str, Family] = {
+    "LlamaForCausalLM": _PLAIN,
+    "MistralForCausalLM": _PLAIN,  # sliding_window, when set, applies to every layer
+    "MixtralForCausalLM": _PLAIN,  # experts of intermediate_size
+    "Phi3ForCausalLM": _PLAIN,  # fused qkv_proj and gate_up_proj: the same per-rank shapes
+    "Qwen2ForCausalLM": _QWEN,
+    "Qwen2MoeForCausalLM": _QWEN,  # one shared expert of shared_expert_intermediate_size
+    "Qwen3ForCausalLM": _QWEN,
+    "Qwen3MoeForCausalLM": _QWEN,
+    "Gemma2ForCausalLM": Family(defaults={"head_dim": 256, "sliding_window": 4096}, alternating_window=True),
+    "Gemma3ForCausalLM": _GEMMA3,
+    "Gemma3ForConditionalGeneration": _GEMMA3,  # its language model's keys are under text_config
+    "DeepseekV2ForCausalLM": _PLAIN,  # MLA; first_k_dense_replace dense layers, then routed + shared experts
+    "DeepseekV3ForCausalLM": _PLAIN,
+    "Glm4MoeForCausalLM": _PLAIN,  # GQA with head_dim; DeepSeek-style experts
+    "GptOssForCausalLM": Family(alternating_window=True),
 }
 
 
@@ -114,12 +127,57 @@ class MlaShape(NamedTuple):
     num_heads: int  # total query heads; a case holds num_heads / tp_size per rank
 
 
+class Gqa(NamedTuple):
+    kv_heads: int
+    head_dim: int
+    windows: tuple[int, ...]  # 0 is full attention
+
+
+class Mla(NamedTuple):
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+class Mlp(NamedTuple):
+    inter: int
+    key: str  # the config key it comes from, for notes
+
+
+class Experts(NamedTuple):
+    count: int
+    topk: int
+    mlp: Mlp  # one expert
+    shared: Mlp | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the shapes are derived from, read from the keys once."""
+
+    hidden: int
+    heads: int
+    attention: Gqa | Mla
+    dense: Mlp | None  # the MLP of dense layers, when the model has any
+    experts: Experts | None
+    vocab: int | None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     architecture: str
-    config: _Config
+    config: ModelConfig
     source: str
+    layout: Layout
+    notes: tuple[str, ...] = ()  # what a plan reports about this model (e.g. an unknown architecture)
+
+
+class LeftOut(NamedTuple):
+    family: str  # the op family whose shapes are missing (gemm, attention)
+    text: str
 
 
 @dataclass(frozen=True)
@@ -128,93 +186,230 @@ class ModelShapes:
     attention: frozenset[HeadShape]
     moe: frozenset[MoeShape]
     mla: frozenset[MlaShape]
+    left_out: frozenset[LeftOut] = frozenset()  # shapes a TP size could not split, with the reason
+
+    def notes_for(self, family: str) -> list[str]:
+        return sorted(entry.text for entry in self.left_out if entry.family == family)
 
 
-def _split(total: int, tp: int) -> int | None:
-    return total // tp if total % tp == 0 else None
+class _Collector:
+    def __init__(self, name: str, hidden: int):
+        self.name = name
+        self.hidden = hidden
+        self.gemm: set[GemmShape] = set()
+        self.heads: set[HeadShape] = set()
+        self.moe: set[MoeShape] = set()
+        self.mla: set[MlaShape] = set()
+        self.left_out: set[LeftOut] = set()
 
+    def leave_out(self, tp: int, why: str, what: str, families: tuple[str, ...]) -> None:
+        text = f"{self.name}: tp {tp} {why}; its {what} shapes at tp {tp} are left out"
+        self.left_out.update(LeftOut(family, text) for family in families)
 
-def _dense_attention(cfg, tp: int, gemm: set, heads: set, windows: tuple[int, ...] = (0,)) -> None:
-    head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
-    q = _split(cfg.num_attention_heads, tp)
-    if q is None:
-        return
-    # kv heads are split across ranks, or replicated when there are fewer kv heads than ranks
-    kv = cfg.num_key_value_heads // tp if cfg.num_key_value_heads >= tp else 1
-    gemm.add(GemmShape((q + 2 * kv) * head_dim, cfg.hidden_size))  # qkv
-    gemm.add(GemmShape(cfg.hidden_size, q * head_dim))  # o
-    for window in windows:
-        heads.add(HeadShape(q, kv, head_dim, window))
+    def query_heads(self, heads: int, tp: int, what: str, families: tuple[str, ...]) -> int | None:
+        if heads % tp:
+            self.leave_out(tp, f"does not divide {heads} heads", what, families)
+            return None
+        return heads // tp
 
+    def gqa(self, heads: int, attn: Gqa, tp: int) -> None:
+        what, families = "attention and qkv/o GEMM", ("attention", "gemm")
+        q = self.query_heads(heads, tp, what, families)
+        if q is None:
+            return
+        # kv heads are split across ranks, or replicated when there are fewer kv heads than ranks
+        if attn.kv_heads >= tp and attn.kv_heads % tp == 0:
+            kv = attn.kv_heads // tp
+        elif attn.kv_heads < tp and tp % attn.kv_heads == 0:
+            kv = 1
+        else:
+            self.leave_out(tp, f"does not split {attn.kv_heads} kv heads evenly", what, families)
+            return
+        self.gemm.add(GemmShape((q + 2 * kv) * attn.head_dim, self.hidden))  # qkv
+        self.gemm.add(GemmShape(self.hidden, q * attn.head_dim))  # o
+        for window in attn.windows:
+            self.heads.add(HeadShape(q, kv, attn.head_dim, window))
 
-def _mlp(hidden: int, inter: int, tp: int, gemm: set) -> None:
-    part = _split(inter, tp)
-    if part is None:
-        return
-    gemm.add(GemmShape(2 * part, hidden))  # gate_up
-    gemm.add(GemmShape(hidden, part))  # down
+    def mla_gemms(self, heads: int, attn: Mla, tp: int) -> None:
+        q = self.query_heads(heads, tp, "MLA projection GEMM", ("gemm",))
+        if q is None:
+            return
+        rope, nope, v = attn.qk_rope_head_dim, attn.qk_nope_head_dim, attn.v_head_dim
+        if attn.q_lora_rank is None:
+            self.gemm.add(GemmShape(q * (nope + rope), self.hidden))  # q
+            self.gemm.add(GemmShape(attn.kv_lora_rank + rope, self.hidden))  # kv_a, replicated
+        else:
+            self.gemm.add(GemmShape(attn.q_lora_rank + attn.kv_lora_rank + rope, self.hidden))  # fused q_a/kv_a
+            self.gemm.add(GemmShape(q * (nope + rope), attn.q_lora_rank))  # q_b
+        self.gemm.add(GemmShape(q * (nope + v), attn.kv_lora_rank))  # kv_b
+        self.gemm.add(GemmShape(self.hidden, q * v))  # o
+
+    def mlp(self, mlp: Mlp, tp: int, what: str) -> None:
+        if mlp.inter % tp:
+            self.leave_out(tp, f"does not divide {mlp.key} {mlp.inter}", f"{what} gate_up/down GEMM", ("gemm",))
+            return
+        part = mlp.inter // tp
+        self.gemm.add(GemmShape(2 * part, self.hidden))  # gate_up
+        self.gemm.add(GemmShape(self.hidden, part))  # down
 
 
 def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
     """Per-rank shapes of one model at each tensor-parallel size in ``tp_sizes``."""
-    cfg = spec.config
-    gemm: set[GemmShape] = set()
-    heads: set[HeadShape] = set()
-    moe: set[MoeShape] = set()
-    mla: set[MlaShape] = set()
+    lay = spec.layout
+    out = _Collector(spec.name, lay.hidden)
     for tp in tp_sizes:
-        if isinstance(cfg, DenseConfig):
-            _dense_attention(cfg, tp, gemm, heads)
-            _mlp(cfg.hidden_size, cfg.intermediate_size, tp, gemm)
-        elif isinstance(cfg, (Qwen3MoeConfig, MixtralConfig)):
-            _dense_attention(cfg, tp, gemm, heads)
-            experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
-            inter = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-            gemm.add(GemmShape(experts, cfg.hidden_size))  # router
-            _mlp(cfg.hidden_size, inter, tp, gemm)  # expert weights under TP
-            moe.add(MoeShape(cfg.hidden_size, inter, cfg.num_experts_per_tok, experts))
-        elif isinstance(cfg, GptOssConfig):
-            # alternate layers use a sliding window; the others attend to the full context
-            _dense_attention(cfg, tp, gemm, heads, windows=(0, cfg.sliding_window))
-            gemm.add(GemmShape(cfg.num_local_experts, cfg.hidden_size))
-            _mlp(cfg.hidden_size, cfg.intermediate_size, tp, gemm)
-            moe.add(MoeShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_experts_per_tok, cfg.num_local_experts))
-        elif isinstance(cfg, DeepseekV3Config):
-            q = _split(cfg.num_attention_heads, tp)
-            if q is None:
-                continue
-            rope, nope, v = cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
-            gemm.add(GemmShape(cfg.q_lora_rank + cfg.kv_lora_rank + rope, cfg.hidden_size))  # fused q_a/kv_a
-            gemm.add(GemmShape(q * (nope + rope), cfg.q_lora_rank))  # q_b
-            gemm.add(GemmShape(q * (nope + v), cfg.kv_lora_rank))  # kv_b
-            gemm.add(GemmShape(cfg.hidden_size, q * v))  # o
-            gemm.add(GemmShape(cfg.n_routed_experts, cfg.hidden_size))  # router
-            _mlp(cfg.hidden_size, cfg.intermediate_size, tp, gemm)  # first dense layers
-            if cfg.n_shared_experts:
-                _mlp(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, tp, gemm)
-            _mlp(cfg.hidden_size, cfg.moe_intermediate_size, tp, gemm)  # routed experts under TP
-            moe.add(MoeShape(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.n_routed_experts))
-            mla.add(MlaShape(cfg.num_attention_heads))
-    return ModelShapes(frozenset(gemm), frozenset(heads), frozenset(moe), frozenset(mla))
+        if isinstance(lay.attention, Mla):
+            out.mla_gemms(lay.heads, lay.attention, tp)
+            out.mla.add(MlaShape(lay.heads))  # MLA cases split the total heads themselves
+        else:
+            out.gqa(lay.heads, lay.attention, tp)
+        if lay.dense is not None:
+            out.mlp(lay.dense, tp, "dense MLP")
+        if lay.experts is not None:
+            experts = lay.experts
+            out.gemm.add(GemmShape(experts.count, lay.hidden))  # router
+            out.mlp(experts.mlp, tp, "expert")  # routed expert weights under TP
+            if experts.shared is not None:
+                out.mlp(experts.shared, tp, "shared expert")
+            out.moe.add(MoeShape(lay.hidden, experts.mlp.inter, experts.topk, experts.count))
+        if lay.vocab is not None:
+            # lm_head: vocabulary rows split across ranks; an uneven split pads each rank to ceil(vocab / tp)
+            out.gemm.add(GemmShape(-(-lay.vocab // tp), lay.hidden))
+    return ModelShapes(
+        frozenset(out.gemm), frozenset(out.heads), frozenset(out.moe), frozenset(out.mla), frozenset(out.left_out)
+    )
 
 
-def _supported() -> str:
-    return ", ".join(sorted(ARCHITECTURES))
+def _known() -> str:
+    return ", ".join(sorted(FAMILIES))
 
 
-def parse_config(source: str, architecture: str, name: str, data: dict) -> ModelSpec:
-    model = ARCHITECTURES.get(architecture)
-    if model is None:
-        raise InputError(f"{source}: unknown architecture {architecture!r}; supported: {_supported()}")
+def _windows(cfg: ModelConfig, family: Family, missing, name: str, notes: list[str]) -> tuple[int, ...]:
+    """The attention windows the model's layers use: 0 for full attention, else the window in tokens."""
+    window = cfg.sliding_window
+    if cfg.layer_types is not None:
+        kinds = set(cfg.layer_types)
+        other = sorted(kinds - {"full_attention", "sliding_attention"})
+        if other:
+            notes.append(
+                f"{name}: layer_types {', '.join(other)} are not planned; "
+                "its full_attention and sliding_attention layers are"
+            )
+        if "sliding_attention" in kinds and window is None:
+            raise missing("sliding_window", " (layer_types lists sliding_attention layers)")
+        found = ({0} if "full_attention" in kinds else set()) | ({window} if "sliding_attention" in kinds else set())
+        return tuple(sorted(found))
+    if window is None or cfg.use_sliding_window is False:
+        return (0,)
+    if cfg.use_sliding_window and cfg.max_window_layers is not None and cfg.num_hidden_layers is not None:
+        # Qwen2 style: layers from max_window_layers on use the window, the ones before attend fully
+        full = {0} if cfg.max_window_layers > 0 else set()
+        return tuple(sorted(full | ({window} if cfg.max_window_layers < cfg.num_hidden_layers else set())))
+    if cfg.sliding_window_pattern is not None:
+        # every pattern-th layer attends fully, the others slide (Gemma 3); a pattern of 1 slides nowhere
+        return (0, window) if cfg.sliding_window_pattern > 1 else (0,)
+    if family.alternating_window:
+        return (0, window)
+    return (window,)  # every layer slides (Mistral)
+
+
+def _layout(source: str, arch: str, name: str, cfg: ModelConfig, family: Family, notes: list[str]) -> Layout:
+    def missing(key: str, why: str = "") -> InputError:
+        return InputError(f"{source}: missing key {key!r} required for {arch}{why}; add it to the config")
+
+    hidden, heads = cfg.hidden_size, cfg.num_attention_heads
+    attention: Gqa | Mla
+    if cfg.kv_lora_rank is not None:
+        for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(cfg, key) is None:
+                raise missing(key, " (multi-head latent attention: kv_lora_rank is set)")
+        attention = Mla(cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+    else:
+        head_dim = cfg.head_dim
+        if head_dim is None:
+            if hidden % heads:
+                raise missing("head_dim", f" (hidden_size {hidden} is not a multiple of num_attention_heads {heads})")
+            head_dim = hidden // heads
+        windows = _windows(cfg, family, missing, name, notes)
+        attention = Gqa(cfg.num_key_value_heads or heads, head_dim, windows)
+
+    count_key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if getattr(cfg, k)), None)
+    experts = None
+    dense_why = ""
+    if count_key is not None:
+        count = getattr(cfg, count_key)
+        topk = cfg.num_experts_per_tok
+        if not topk:
+            raise missing("num_experts_per_tok", f" ({count_key} is {count})")
+        if topk > count:
+            raise InputError(
+                f"{source}: field 'num_experts_per_tok': {topk} is greater than {count_key} {count}; "
+                f"set it to at most {count}"
+            )
+        if cfg.moe_intermediate_size is not None:
+            expert = Mlp(cfg.moe_intermediate_size, "moe_intermediate_size")
+        elif cfg.intermediate_size is not None:
+            expert = Mlp(cfg.intermediate_size, "intermediate_size")  # Mixtral, gpt-oss
+        else:
+            raise missing("moe_intermediate_size", f" ({count_key} is {count})")
+        shared = None
+        if cfg.shared_expert_intermediate_size:
+            shared = Mlp(cfg.shared_expert_intermediate_size, "shared_expert_intermediate_size")
+        elif cfg.n_shared_experts:
+            # DeepSeek style: the shared experts run as one MLP n_shared_experts times an expert wide
+            shared = Mlp(cfg.n_shared_experts * expert.inter, f"n_shared_experts x {expert.key}")
+        experts = Experts(count, topk, expert, shared)
+        if cfg.first_k_dense_replace:
+            dense_why = f" (the first {cfg.first_k_dense_replace} layers are dense)"
+        elif cfg.mlp_only_layers:
+            dense_why = " (mlp_only_layers are dense)"
+        elif (cfg.decoder_sparse_step or 1) > 1 or (cfg.moe_layer_freq or 1) > 1:
+            dense_why = " (some layers are dense)"
+    dense = None
+    if experts is None or dense_why:
+        if cfg.intermediate_size is None:
+            raise missing("intermediate_size", dense_why)
+        dense = Mlp(cfg.intermediate_size, "intermediate_size")
+    return Layout(hidden, heads, attention, dense, experts, cfg.vocab_size)
+
+
+def parse_config(
+    source: str, architecture: str, name: str, data: Mapping[str, object], notes: tuple[str, ...] = ()
+) -> ModelSpec:
+    """One model from its config.json keys: a profile entry, or the keys read from a config.json."""
+    family = FAMILIES.get(architecture)
+    found = list(notes)
+    if family is None:
+        for key in ("hidden_size", "num_attention_heads"):
+            if key not in data:
+                raise InputError(
+                    f"{source}: unknown architecture {architecture!r} and no key {key!r}: it cannot be planned "
+                    f"from standard config.json keys; known architectures: {_known()}"
+                )
+        family = _PLAIN
+        found.append(f"{name}: unknown architecture {architecture}, planned from its standard config.json keys")
+    for key in ("hidden_size", "num_attention_heads"):
+        if key not in data:
+            raise InputError(f"{source}: missing key {key!r} required for {architecture}; add it to the config")
     try:
-        config = model.model_validate(data)
+        config = ModelConfig.model_validate({**family.defaults, **data})
     except ValidationError as exc:
         raise InputError(describe_validation_error(source, exc)) from None
-    return ModelSpec(name=name, architecture=architecture, config=config, source=source)
+    layout = _layout(source, architecture, name, config, family, found)
+    return ModelSpec(name, architecture, config, source, layout, tuple(found))
+
+
+def _name_of(path: Path, data: dict) -> str:
+    """_name_or_path when set; else the file name, or its folder's name for a file called config.json."""
+    named = data.get("_name_or_path")
+    if isinstance(named, str) and named:
+        return named
+    path = Path(path).resolve()
+    return path.parent.name if path.stem == "config" else path.stem
 
 
 def read_hf_config(path: Path) -> ModelSpec:
-    """A Hugging Face config.json from disk, reduced to the keys its architecture's shapes need."""
+    """A Hugging Face config.json from disk, reduced to the keys shapes are derived from."""
     try:
         data = json.loads(Path(path).read_bytes())
     except OSError as exc:
@@ -227,20 +422,19 @@ def read_hf_config(path: Path) -> ModelSpec:
         raise InputError(f"{path}: a model config is a JSON object, not {type(data).__name__}; give a config.json")
     archs = data.get("architectures")
     if archs is None:
-        raise InputError(f"{path}: missing key 'architectures'; supported: {_supported()}")
+        raise InputError(f"{path}: missing key 'architectures'; add e.g. [\"LlamaForCausalLM\"] (known: {_known()})")
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         raise InputError(
             f"{path}: field 'architectures' is {archs!r}; it must be a list of names, "
-            f'e.g. ["LlamaForCausalLM"] (supported: {_supported()})'
+            f'e.g. ["LlamaForCausalLM"] (known: {_known()})'
         )
     arch = archs[0]
-    model = ARCHITECTURES.get(arch)
-    if model is None:
-        raise InputError(f"{path}: unknown architecture {arch!r}; supported: {_supported()}")
-    fields = model.model_fields
-    for key, info in fields.items():
-        if info.is_required() and key not in data:
-            raise InputError(f"{path}: missing key {key!r} required for {arch}; add it to the config")
-    picked = {key: data[key] for key in fields if key in data and data[key] is not None}
-    name = data.get("_name_or_path") or Path(path).resolve().parent.name
-    return parse_config(str(path), arch, str(name), picked)
+    name = _name_of(path, data)
+    keys = dict(data)
+    notes: tuple[str, ...] = ()
+    text = data.get("text_config")
+    if isinstance(text, dict) and "hidden_size" not in data:
+        keys.update(text)  # a multimodal model: its language model's keys are nested
+        notes = (f"{name}: {arch} is planned from its text_config (the language model only)",)
+    picked = {key: keys[key] for key in KEYS if keys.get(key) is not None}
+    return parse_config(str(path), arch, name, picked, notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import AttentionGrid, ContextAttentionGrid, GenerationAttentionGrid
@@ -24,49 +25,135 @@ class AttentionCase(NamedTuple):
 
 
 def head_configs(grid: AttentionGrid, shapes: Mapping[str, ModelShapes]):
-    """Sorted (num_heads, kv_heads, head_dim, window) configs and the ones only models add."""
-    sweep = grid.heads
+    """Sorted (num_heads, kv_heads, head_dim, window) configs and the ones only models add.
+
+    The generic sweeps make the base grid; the grid's model_heads and the model profiles add their per-rank
+    configs, each with the models it comes from.
+    """
     base = set()
-    for heads in sweep.num_heads:
-        for kv in sweep.kv_heads:
-            kv_heads = kv or heads  # 0 means MHA
-            if kv_heads <= heads and heads % kv_heads == 0:
-                for head_dim in sweep.head_dim:
-                    for window in sweep.window_size:
-                        base.add((heads, kv_heads, head_dim, window))
-    origins = model_origins(base, shapes, "attention")
+    for sweep in grid.heads:
+        for heads in sweep.num_heads:
+            for kv in sweep.kv_heads:
+                kv_heads = kv or heads  # 0 means MHA
+                if kv_heads <= heads and heads % kv_heads == 0:
+                    for head_dim in sweep.head_dim:
+                        for window in sweep.window_size:
+                            base.add((heads, kv_heads, head_dim, window))
+    found: dict[tuple, set[str]] = {}
+    for entry in grid.model_heads:
+        for tp in entry.tp_sizes:
+            if entry.num_heads % tp == 0:
+                kv = -(-entry.kv_heads // tp)  # ceil: replicated once there are more ranks than kv heads
+                for window in entry.window_size:
+                    config = (entry.num_heads // tp, kv, entry.head_dim, window)
+                    if config not in base:
+                        found.setdefault(config, set()).add(entry.model)
+    for config, models in model_origins(base, shapes, "attention").items():
+        found.setdefault(config, set()).update(models)
+    origins = {config: frozenset(models) for config, models in found.items()}
     return sorted(base | origins.keys()), origins
 
 
 SHAPE_FIELDS = ("num_heads", "num_key_value_heads", "head_dim", "window_size")
 
 
-def _expand(op: str, grid: AttentionGrid, shapes, lengths: list[int], context: bool) -> list[Group]:
+def context_lengths(grid: ContextAttentionGrid, heads: int, kv: int, head_dim: int) -> list[tuple[int, int]]:
+    """(batch_size, isl) pairs of one head config, in run order.
+
+    MHA holds every head's KV, so its token cap (and batch cap) is lower than GQA's; max_kv_elements keeps the
+    K and V elements of one call below the int32 index range the kernels use.
+    """
+    mha = kv == heads
+    cap = grid.max_tokens_mha if mha else grid.max_tokens_gqa
+    max_batch = grid.max_batch_mha if mha and grid.max_batch_mha else None
+    pairs = []
+    for batch in grid.batch_size:
+        if max_batch is not None and batch > max_batch:
+            continue
+        for isl in grid.isl:
+            tokens = batch * isl
+            if tokens <= cap and (grid.max_kv_elements is None or tokens * kv * head_dim * 2 < grid.max_kv_elements):
+                pairs.append((batch, isl))
+    return pairs
+
+
+_SCALE = {  # cap rule -> (numerator, denominator) of the per-token scale, from (num_heads, head_dim)
+    "tokens": lambda heads, head_dim: (1, 1),
+    "heads": lambda heads, head_dim: (heads, 1),
+    "head_elements": lambda heads, head_dim: (heads * head_dim, 128),
+}
+
+
+def generation_steps(grid: GenerationAttentionGrid, heads: int, kv: int, head_dim: int) -> list[tuple[int, int]]:
+    """(batch_size, step) pairs of one head config, in run order: the union over the grid's cap rules.
+
+    Per rule, as the reference collector plans it: batch b at s = step + 1 cached tokens fits while
+    b x s x scale <= the token cap (MHA or GQA); a step is kept only where at least min_batch_sizes_per_step
+    batch sizes fit; batches of drop_longest_step_from_batch or more leave out their longest kept step.
+    """
+    cap = grid.max_tokens_mha if kv == heads else grid.max_tokens_gqa
+    kept: set[tuple[int, int]] = set()
+    for rule in grid.cap_rules:
+        numerator, denominator = _SCALE[rule](heads, head_dim)
+        limit = cap * denominator
+        steps_of: dict[int, list[int]] = {}
+        for step in sorted(grid.step):
+            per_batch = (step + 1) * numerator
+            fits = [batch for batch in grid.batch_size if batch * per_batch <= limit]
+            if len(fits) >= grid.min_batch_sizes_per_step:
+                for batch in fits:
+                    steps_of.setdefault(batch, []).append(step)
+        drop = grid.drop_longest_step_from_batch
+        for batch, steps in steps_of.items():
+            if drop is not None and batch >= drop:
+                steps = steps[:-1]
+            kept.update((batch, step) for step in steps)
+    return [(batch, step) for batch in grid.batch_size for step in grid.step if (batch, step) in kept]
+
+
+def _columns(pairs: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(batch sizes, lengths) of a pair list, in its order."""
+    return tuple(b for b, _ in pairs), tuple(n for _, n in pairs)
+
+
+def _expand(op: str, grid: AttentionGrid, shapes, context: bool) -> list[Group]:
     configs, origins = head_configs(grid, shapes)
+    # the (batch, length) pairs depend only on MHA-or-not, num_heads and kv x head_dim: share them across configs
+    pairs_of: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    per_config = []
+    for heads, kv, head_dim, window in configs:
+        if context:
+            key = (kv == heads, kv * head_dim)
+            pairs = pairs_of.get(key)
+            if pairs is None:
+                pairs = pairs_of[key] = _columns(context_lengths(grid, heads, kv, head_dim))  # type: ignore[arg-type]
+        else:
+            key = (kv == heads, heads, head_dim)
+            pairs = pairs_of.get(key)
+            if pairs is None:
+                pairs = pairs_of[key] = _columns(generation_steps(grid, heads, kv, head_dim))  # type: ignore[arg-type]
+        per_config.append((heads, kv, head_dim, window, pairs))
     rows = {}
     for p in grid.precisions:
-        values = []
-        for heads, kv, head_dim, window in configs:
-            cap = grid.max_tokens_mha if kv == heads else grid.max_tokens_gqa
-            for batch in grid.batch_size:
-                for length in lengths:
-                    # context: batch x isl new tokens; generation: batch x (step + 1) cached tokens
-                    tokens = batch * length if context else batch * (length + 1)
-                    if tokens <= cap:
-                        isl, step = (length, 0) if context else (1, length)
-                        values.append(
-                            (batch, isl, heads, kv, head_dim, 1, p.attn_dtype, p.kv_cache_dtype, step, window)
-                        )
-        rows[(p.attn_dtype, p.kv_cache_dtype)] = values
+        a, k = p.attn_dtype, p.kv_cache_dtype
+        values: list[tuple] = []
+        for heads, kv, head_dim, window, (batches, lengths) in per_config:
+            # zip builds the AttentionCase-ordered tuples in C: planning stays fast at ~10^5 cases
+            constant = (repeat(heads), repeat(kv), repeat(head_dim), repeat(1), repeat(a), repeat(k))
+            if context:
+                values += zip(batches, lengths, *constant, repeat(0), repeat(window))
+            else:
+                values += zip(batches, repeat(1), *constant, lengths, repeat(window))
+        rows[(a, k)] = values
     return make_groups(op, AttentionCase, ("attn_dtype", "kv_cache_dtype"), rows, origins, SHAPE_FIELDS)
 
 
 def expand_context(grid: ContextAttentionGrid, shapes) -> list[Group]:
-    return _expand("attention_context", grid, shapes, grid.isl, context=True)
+    return _expand("attention_context", grid, shapes, context=True)
 
 
 def expand_generation(grid: GenerationAttentionGrid, shapes) -> list[Group]:
-    return _expand("attention_generation", grid, shapes, grid.step, context=False)
+    return _expand("attention_generation", grid, shapes, context=False)
 
 
 def _context_cost(c: AttentionCase) -> float:

@@ -51,10 +51,20 @@ class Group:
     shape_index: tuple[int, ...] = ()
 
     @cached_property
-    def ids(self) -> list[str]:
+    def template(self) -> str:
         dtype_field = next(iter(self.constants))
-        template = id_template(self.op, self.case_type._fields, dtype_field, self.constants[dtype_field])
-        return list(map(template.__mod__, self.values))
+        return id_template(self.op, self.case_type._fields, dtype_field, self.constants[dtype_field])
+
+    @cached_property
+    def ids(self) -> list[str]:
+        return list(map(self.template.__mod__, self.values))
+
+    def ids_at(self, positions: list[int]) -> list[str]:
+        """IDs of the cases at ``positions``: from the cached list when it exists or most are wanted (other
+        plans of the same grid reuse it), else formatted for these cases only."""
+        if "ids" in self.__dict__ or 2 * len(positions) > len(self.values):
+            return list(map(self.ids.__getitem__, positions))
+        return [self.template % self.values[i] for i in positions]
 
     @property
     def dtype(self) -> str:
@@ -101,7 +111,7 @@ class OpPlan:
     name: str  # op key in plans and cases/base_ops/<name>.yaml
     family: str  # tables directory: gemm, attention, moe, mla, comm
     table: str  # table stem, e.g. gemm_perf
-    op_name: str  # the op_name column value
+    op_name: str | None  # the op_name column value; None: each case's op_name field (comm's collectives)
     case_type: type
     dtype_fields: tuple[str, ...]  # the first is the dtype; together they label a group
     expand: Callable[[object, Mapping[str, ModelShapes]], list[Group]]
@@ -110,6 +120,10 @@ class OpPlan:
     cost: Callable[[NamedTuple], float]  # relative work, used to pick smoke cases
     # per backend: a key that groups cases timed by one task (batch_rows); absent = one row per case
     batch_key: Mapping[str, Callable[[NamedTuple], str]] = field(default_factory=dict)
+    # case fields the table places after `latency`, as the reference does (custom_allreduce's backend)
+    after_latency: tuple[str, ...] = ()
+    # per backend: case fields whose table column that backend's reference names otherwise (field -> column)
+    columns: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def fields(self) -> tuple[str, ...]:

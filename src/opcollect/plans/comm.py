@@ -1,24 +1,44 @@
-"""All-reduce across num_gpus ranks: NCCL on GPUs, gloo between processes on the CPU."""
+"""Communication: NCCL collectives (nccl_perf) and a framework's own all-reduce (custom_allreduce_perf).
+
+message_size counts ELEMENTS of the case's dtype, as the reference tables do (aiconfigurator's collector
+stores nccl-tests' byte size // bytes per element): a half row of message_size N moves 2N bytes. For the
+collectives it is the whole buffer as nccl-tests counts it: all_reduce's tensor, all_gather's output,
+reduce_scatter's input and alltoall's send buffer (N / num_gpus elements to each peer).
+"""
 
 from __future__ import annotations
 
 from typing import Mapping, NamedTuple
 
-from opcollect.cases.grids import CommGrid
+from opcollect.cases.grids import CommGrid, CustomAllreduceGrid
 from opcollect.cases.profiles import ModelShapes
 from opcollect.names import BACKENDS
 from opcollect.plans.base import Group, OpPlan, make_groups
 
+ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "float32": 4, "int8": 1, "fp8": 1}
+
+
+def message_bytes(dtype: str, message_size: int) -> int:
+    """Bytes of a message of ``message_size`` elements of ``dtype``."""
+    return message_size * ELEMENT_BYTES[dtype]
+
 
 class CommCase(NamedTuple):
     nccl_dtype: str
+    op_name: str  # the collective: all_reduce, all_gather, reduce_scatter, alltoall
     num_gpus: int
-    message_size: int  # bytes
+    message_size: int  # elements of nccl_dtype
 
 
 def expand(grid: CommGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
     rows = {
-        (dtype,): [(dtype, gpus, size) for gpus in grid.num_gpus for size in grid.message_size] for dtype in grid.dtypes
+        (dtype,): [
+            (dtype, op_name, gpus, size)
+            for op_name in grid.op_names
+            for gpus in grid.num_gpus
+            for size in grid.message_size[dtype]
+        ]
+        for dtype in grid.dtypes
     }
     return make_groups("comm", CommCase, ("nccl_dtype",), rows)
 
@@ -28,7 +48,7 @@ def _dispatch(sm: str, group: Group) -> str:
 
 
 def _one_process_group(case: CommCase) -> str:
-    # starting a process group costs seconds: one task times every message size of one group
+    # starting a process group costs seconds: one task times every collective and size of one group
     return f"comm:{case.nccl_dtype}:num_gpus={case.num_gpus}"
 
 
@@ -36,12 +56,71 @@ PLAN = OpPlan(
     name="comm",
     family="comm",
     table="nccl_perf",
-    op_name="all_reduce",
+    op_name=None,  # the case's collective
     case_type=CommCase,
     dtype_fields=("nccl_dtype",),
     expand=expand,
     tp_sizes=lambda grid: (),
     dispatch={backend: _dispatch for backend in BACKENDS},
-    cost=lambda c: float(c.message_size) * c.num_gpus,
+    cost=lambda c: float(message_bytes(c.nccl_dtype, c.message_size)) * c.num_gpus,
     batch_key={backend: _one_process_group for backend in BACKENDS},
+)
+
+
+# Each framework's own all-reduce variants: the value of its table's backend (vLLM, SGLang) or implementation
+# (TRT-LLM) column, and the kernel_source its reference rows carry, which the plan predicts as dispatch.
+# vLLM and SGLang time each size both replayed from a CUDA graph and eagerly.
+VARIANTS: dict[str, dict[str, str]] = {
+    "vllm": {"vllm_graph": "vLLM_custom_graph", "vllm_eager": "vLLM_custom_eager"},
+    "sglang": {"sglang_graph": "SGLang_CustomAllReduce_graph", "sglang_eager": "SGLang_CustomAllReduce_eager"},
+    "trtllm": {"trtllm": "TRTLLM"},
+}
+# the dispatch of a variant this backend does not have (another framework's, or any for torch): skips.py drops it
+NOT_THIS_FRAMEWORK = "not-this-framework"
+
+
+class CustomAllreduceCase(NamedTuple):
+    allreduce_dtype: str
+    num_gpus: int
+    message_size: int  # elements of allreduce_dtype
+    backend: str  # the variant (VARIANTS); TRT-LLM's table names this column implementation
+
+
+def expand_custom(grid: CustomAllreduceGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
+    rows = {
+        (dtype, variant): [(dtype, gpus, size, variant) for gpus in grid.num_gpus for size in grid.message_size]
+        for dtype in grid.dtypes
+        for variants in VARIANTS.values()
+        for variant in variants
+    }
+    return make_groups("custom_allreduce", CustomAllreduceCase, ("allreduce_dtype", "backend"), rows)
+
+
+def _custom_dispatch(backend: str):
+    own = VARIANTS.get(backend, {})
+
+    def dispatch(sm: str, group: Group) -> str:
+        return own.get(str(group.constants["backend"]), NOT_THIS_FRAMEWORK)
+
+    return dispatch
+
+
+def _one_custom_process_group(case: CustomAllreduceCase) -> str:
+    return f"custom_allreduce:{case.allreduce_dtype}:num_gpus={case.num_gpus},backend={case.backend}"
+
+
+CUSTOM_ALLREDUCE = OpPlan(
+    name="custom_allreduce",
+    family="comm",
+    table="custom_allreduce_perf",
+    op_name="all_reduce",
+    case_type=CustomAllreduceCase,
+    dtype_fields=("allreduce_dtype", "backend"),
+    expand=expand_custom,
+    tp_sizes=lambda grid: (),
+    dispatch={backend: _custom_dispatch(backend) for backend in BACKENDS},
+    cost=lambda c: float(message_bytes(c.allreduce_dtype, c.message_size)) * c.num_gpus,
+    batch_key={backend: _one_custom_process_group for backend in BACKENDS},
+    after_latency=("backend",),
+    columns={"trtllm": {"backend": "implementation"}},
 )

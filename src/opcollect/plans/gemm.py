@@ -37,6 +37,8 @@ def expand(grid: GemmGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
 
 
 def _torch(sm: str, group: Group) -> str:
+    if group.dtype == "int4_wo":
+        return "torch._weight_int4pack_mm_for_cpu" if sm == "cpu" else "torch._weight_int4pack_mm"
     return "torch._scaled_mm" if group.dtype == "fp8" else "torch.nn.functional.linear"
 
 

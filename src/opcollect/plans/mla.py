@@ -1,4 +1,7 @@
-"""Multi-head latent attention (DeepSeek style), context and generation, with per-rank head counts."""
+"""Multi-head latent attention (DeepSeek style), context and generation, with per-rank head counts.
+
+Each per-rank head count is planned once, labelled with the smallest tp_size that gives it (see rank_labels).
+"""
 
 from __future__ import annotations
 
@@ -20,27 +23,47 @@ class MlaCase(NamedTuple):
     step: int
 
 
+def rank_labels(totals, tp_sizes) -> dict[int, int]:
+    """Each per-rank head count the totals give at these TP sizes, labelled with the smallest tp that gives it.
+
+    The MLA kernel sees only the heads on its rank, so one head count is timed once; the reference tables
+    label it as the collector does (SGLang collect_mla.py / TRT-LLM collect_mla.py keep the smallest tp of a
+    duplicate), e.g. 64 heads as (64, tp 1) from a 64-head model rather than (64, tp 2) from a 128-head one.
+    """
+    labels: dict[int, int] = {}
+    for total in totals:
+        for tp in tp_sizes:
+            if total % tp == 0 and tp < labels.get(total // tp, tp + 1):
+                labels[total // tp] = tp
+    return labels
+
+
 def _expand(op: str, grid: MlaGrid, shapes: Mapping[str, ModelShapes], lengths: list[int], context: bool):
     base = {(h,) for h in grid.num_heads}
     origins = model_origins(base, shapes, "mla")
-    totals = sorted(base | origins.keys())
-    # cases are keyed by heads per rank and tp_size; total heads = num_heads x tp_size
-    rank_origins = {
-        (total // tp, tp): models for (total,), models in origins.items() for tp in grid.tp_size if total % tp == 0
-    }
+    # cases are keyed by heads per rank and tp_size; base head counts keep their label whatever models add
+    labels = rank_labels(grid.num_heads, grid.tp_size)
+    rank_origins = {}
+    for heads, tp in rank_labels([total for (total,) in origins], grid.tp_size).items():
+        if heads not in labels:
+            labels[heads] = tp
+            rank_origins[(heads, tp)] = frozenset(
+                m
+                for (total,), models in origins.items()
+                if total % heads == 0 and total // heads in grid.tp_size
+                for m in models
+            )
+    ranks = sorted(labels.items(), reverse=True)  # most heads per rank first
     rows = {}
     for p in grid.precisions:
         values = []
-        for (total,) in totals:
-            for tp in grid.tp_size:
-                if total % tp:
-                    continue
-                for batch in grid.batch_size:
-                    for length in lengths:
-                        tokens = batch * length if context else batch * (length + 1)
-                        if tokens <= grid.max_tokens:
-                            isl, step = (length, 0) if context else (1, length)
-                            values.append((p.mla_dtype, p.kv_cache_dtype, total // tp, batch, isl, tp, step))
+        for heads, tp in ranks:
+            for batch in grid.batch_size:
+                for length in lengths:
+                    tokens = batch * length if context else batch * (length + 1)
+                    if tokens <= grid.max_tokens:
+                        isl, step = (length, 0) if context else (1, length)
+                        values.append((p.mla_dtype, p.kv_cache_dtype, heads, batch, isl, tp, step))
         rows[(p.mla_dtype, p.kv_cache_dtype)] = values
     return make_groups(op, MlaCase, ("mla_dtype", "kv_cache_dtype"), rows, rank_origins, ("num_heads", "tp_size"))
 
@@ -97,5 +120,5 @@ def _mla_plan(name: str, table: str, op_name: str, expand, cost) -> OpPlan:
     )
 
 
-CONTEXT = _mla_plan("mla_context", "context_mla_perf", "context_mla", expand_context, _context_cost)
-GENERATION = _mla_plan("mla_generation", "generation_mla_perf", "generation_mla", expand_generation, _generation_cost)
+CONTEXT = _mla_plan("mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost)
+GENERATION = _mla_plan("mla_generation", "generation_mla_perf", "mla_generation", expand_generation, _generation_cost)

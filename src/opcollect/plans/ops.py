@@ -7,5 +7,14 @@ from opcollect.plans.base import OpPlan
 
 OPS: dict[str, OpPlan] = {
     p.name: p
-    for p in (gemm.PLAN, attention.CONTEXT, attention.GENERATION, moe.PLAN, mla.CONTEXT, mla.GENERATION, comm.PLAN)
+    for p in (
+        gemm.PLAN,
+        attention.CONTEXT,
+        attention.GENERATION,
+        moe.PLAN,
+        mla.CONTEXT,
+        mla.GENERATION,
+        comm.PLAN,
+        comm.CUSTOM_ALLREDUCE,
+    )
 }

@@ -71,6 +71,8 @@ class Plan:
     model_configs: tuple[str, ...] = ()
     # this plan's canonical lines (of its shard, when sharded), sorted: content_hash reuses them
     canonical: list[str] = field(default_factory=list, repr=False)
+    # what the plan says about its models: unknown architectures, shapes a TP size could not split
+    notes: tuple[str, ...] = ()
 
     @property
     def total_cases(self) -> int:
@@ -140,7 +142,27 @@ class Planner:
         if options.shard is not None:
             selections = {op: _shard(s, *options.shard) for op, s in selections.items()}
             canonical = sorted(line for s in selections.values() for line in _canonical_lines(s))
-        return Plan(backend, sm, self.collector_hash, digest, options, selections, self.model_configs, canonical)
+        return Plan(
+            backend,
+            sm,
+            self.collector_hash,
+            digest,
+            options,
+            selections,
+            self.model_configs,
+            canonical,
+            notes=self.notes(sm, options.ops),
+        )
+
+    def notes(self, sm: str, ops: tuple[str, ...]) -> tuple[str, ...]:
+        """The models' notes, then the shapes each planned op lacks because a TP size does not split them."""
+        found = dict.fromkeys(note for spec in self.sources.models for note in spec.notes)
+        for op in ops:
+            family = OPS[op].family
+            shapes = self.sources.shapes(OPS[op].tp_sizes(self.sources.grids[op].grid_for(sm)))
+            for name in sorted(shapes):
+                found.update(dict.fromkeys(shapes[name].notes_for(family)))
+        return tuple(found)
 
     def _select(self, op: OpPlan, backend: str, sm: str, options: PlanOptions) -> OpSelection:
         picked: list[_Picked] = []
@@ -169,8 +191,8 @@ class Planner:
                 values.extend(p.group.values)
                 ids.extend(p.group.ids)
             else:
-                values.extend([p.group.values[i] for i in p.positions])
-                ids.extend([p.group.ids[i] for i in p.positions])
+                values.extend(map(p.group.values.__getitem__, p.positions))
+                ids.extend(p.group.ids_at(p.positions))
             dispatches.extend([p.dispatch] * len(p.positions))
             by_dtype[p.group.label] = by_dtype.get(p.group.label, 0) + len(p.positions)
             by_dispatch[p.dispatch] += len(p.positions)

@@ -33,6 +33,7 @@ def summary(plan: Plan) -> dict:
             }
             for name, sel in plan.ops.items()
         },
+        "notes": list(plan.notes),
     }
 
 
@@ -65,6 +66,7 @@ def render(summaries: list[dict], terminal: bool) -> str:
     footer = [
         f"{sm_label(s['backend'], s['sm'])}: {s['cases']} cases, plan_hash {s['plan_hash'][:16]}" for s in summaries
     ]
+    footer += list(dict.fromkeys(f"note: {note}" for s in summaries for note in s.get("notes", ())))
     if terminal:
         from rich.console import Console
         from rich.table import Table

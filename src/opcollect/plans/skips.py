@@ -12,8 +12,11 @@ not a skip: a case that does not fit the device is refused at run time, before a
 from __future__ import annotations
 
 import ast
+import operator
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
+from itertools import compress
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
@@ -22,6 +25,7 @@ from opcollect.names import GPU_SMS
 GROUP_KEYS = ("backend", "op", "sm", "dtype", "dispatch")
 ATTENTION = ["attention_context", "attention_generation"]
 MLA = ["mla_context", "mla_generation"]
+MAX_RANKS = 1024  # split-size values a parallelism entry lists: every count up to this
 
 
 @dataclass(frozen=True)
@@ -37,27 +41,145 @@ def skip(name: str, **keys: object) -> Skip:
 SKIPS: list[Skip] = [
     # vLLM, SGLang and TensorRT-LLM run only on NVIDIA GPUs; on the CPU only the torch backend runs.
     skip("frameworks-need-a-gpu", backend=["vllm", "sglang", "trtllm"], sm="cpu"),
+    # gloo, the torch backend's process group on the CPU, has no float8 type in torch 2.13: all_reduce,
+    # all_gather, reduce_scatter and alltoall on a float8_e4m3fn or float8_e5m2 tensor each raise "RuntimeError:
+    # Invalid scalar type" (run with 2 and 4 ranks). half, bfloat16, int8 and float32 run all four with correct
+    # results, so fp8 is gloo's only gap. It precedes fp8-needs-sm89, whose reason (no fp8 kernels) is another.
+    skip("gloo-no-fp8", backend="torch", op="comm", sm="cpu", dtype="fp8"),
     # fp8 tensor-core instructions arrive with Ada (SM89): earlier GPUs and the CPU have no fp8 GEMM,
     # attention or MoE kernel, so every such case would fail as a block.
     skip("fp8-needs-sm89", dtype="fp8", sm=["80", "86", "cpu"]),
-    # 128x128 block-scaled fp8 kernels (DeepGEMM, CUTLASS blockwise) need Hopper (SM90) or newer.
-    skip("fp8-block-needs-sm90", dtype="fp8_block", sm=["80", "86", "89", "cpu"]),
+    # An fp8 (e4m3) KV cache is read through the same fp8 conversions, so attention keeps it from SM89 on too:
+    # vLLM 0.24.0's FLASH_ATTN (its backend on SM80/86) takes an fp8 cache only with FA3 on the SM90 family
+    # (v1/attention/backends/flash_attn.py:FlashAttentionBackend.supports_kv_cache_dtype), and the reference
+    # collector plans fp8 KV only from SM89 for every framework (collector/{vllm,sglang,trtllm}/collect_attn.py:
+    # get_context_attention_test_cases and get_generation_attention_test_cases).
+    skip("fp8-kv-cache-needs-sm89", op=ATTENTION, kv_cache_dtype="fp8", sm=["80", "86", "cpu"]),
+    # Block-scaled fp8 runs on the same fp8 tensor cores (SM89 and newer); below, vLLM 0.24.0 falls to the
+    # weight-only MarlinFP8ScaledMMLinearKernel (model_executor/kernels/linear/__init__.py:
+    # _POSSIBLE_FP8_BLOCK_KERNELS), a different kernel from the fp8_block label, and the others have none.
+    skip("fp8-block-needs-sm89", dtype="fp8_block", sm=["80", "86", "cpu"]),
+    # SM89 keeps fp8_block where the framework has a kernel for it: vLLM 0.24.0 GEMMs fall through
+    # _POSSIBLE_FP8_BLOCK_KERNELS to TritonFp8BlockScaledMMKernel (kernels/linear/scaled_mm/triton.py:
+    # is_supported, any CUDA) and its MoE to TritonExperts (fused_moe/experts/triton_moe.py:
+    # _supports_quant_scheme, block fp8 when platforms/cuda.py:supports_fp8, i.e. SM89+); SGLang 0.5.14 GEMMs
+    # fall to triton_w8a8_block_fp8_linear (layers/quantization/fp8_utils.py:_dispatch_auto_backend: no DeepGEMM
+    # below SM90 per deep_gemm_wrapper/configurer.py:_compute_enable_deep_gemm, CUTLASS only from SM90) and its
+    # MoE to the Triton fused_moe runner; TensorRT-LLM GEMMs run the Ada kernel (fp8_gemm_run: arch 89 ->
+    # gemm_dispatch_sm89). TensorRT-LLM's grouped (MoE) block-scaled GEMM has no SM89 path: grouped_gemm_dispatch
+    # is DeepGEMM-JIT only (TMA, SM90+) in cpp/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/
+    # fp8_blockscale_gemm_kernel.cuh (GitHub main; the 1.3.0rc23 tree is not in reach here).
+    skip("trtllm-fp8-block-moe-needs-sm90", backend="trtllm", op="moe", dtype="fp8_block", sm="89"),
     # NVFP4 needs the FP4 tensor cores of Blackwell (SM100 and newer).
     skip("nvfp4-needs-sm100", dtype="nvfp4", sm=["80", "86", "89", "90", "cpu"]),
     # No serving framework runs float32 GEMMs, attention or experts on a GPU; float32 is the CPU's
     # native baseline for the torch backend only.
     skip("float32-only-on-cpu", dtype="float32", sm=list(GPU_SMS)),
-    # Plain PyTorch has no block-scaled fp8, fp4 or int4 weight-only GEMM: each case would fail.
-    skip("torch-no-quantized-gemm", backend="torch", op="gemm", dtype=["fp8_block", "nvfp4", "int4_wo"]),
-    # The torch MoE and MLA runners are bf16/fp32 references: quantized experts or latent caches would be
-    # timed through dequantize-then-compute, a different kernel from any serving one (mismeasured).
-    skip("torch-no-quantized-moe-mla", backend="torch", op=["moe", *MLA], dtype=["fp8", "fp8_block", "nvfp4"]),
+    # Plain PyTorch has no block-scaled fp8 or fp4 GEMM: each case would fail. (int4 weight-only runs:
+    # torch._weight_int4pack_mm on CUDA SM80+, torch._weight_int4pack_mm_for_cpu on the CPU.)
+    skip("torch-no-quantized-gemm", backend="torch", op="gemm", dtype=["fp8_block", "nvfp4"]),
+    # The torch MoE and MLA runners are bf16/fp32 references: quantized experts or latent caches (fp8, int4,
+    # NVFP4, MXFP4) would be timed through dequantize-then-compute, a different kernel from any serving one
+    # (mismeasured); the MoE runner refuses them (backends/torch/moe.py:prepare).
+    skip(
+        "torch-no-quantized-moe-mla",
+        backend="torch",
+        op=["moe", *MLA],
+        dtype=["fp8", "fp8_block", "nvfp4", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8"],
+    ),
+    # vLLM 0.24.0 runs experts either tensor-parallel or expert-parallel, never both: with expert parallel on,
+    # FusedMoEParallelConfig.make (model_executor/layers/fused_moe/config.py) flattens the whole TP world into EP
+    # (ep_size = tp_size) and returns tp_size=1, so a case with moe_tp_size > 1 and moe_ep_size > 1 is no vLLM
+    # layer. (SGLang 0.5.14 splits both: moe_tp_size = tp // moe_ep_size // moe_dp_size in
+    # distributed/parallel_state.py:initialize_model_parallel.)
+    skip(
+        "vllm-moe-tp-or-ep",
+        backend="vllm",
+        op="moe",
+        moe_tp_size=list(range(2, MAX_RANKS + 1)),
+        moe_ep_size=list(range(2, MAX_RANKS + 1)),
+    ),
+    # MXFP8 activations x MXFP4 weights need Blackwell's block-scaled tensor cores (SM100+): vLLM 0.24.0 serves
+    # them only through TrtLlmMxfp4Experts (fused_moe/experts/trtllm_mxfp4_moe.py:_supports_current_device, SM100
+    # family) and FlashInferExperts (fused_moe/experts/flashinfer_cutlass_moe.py:_supports_quant_scheme, mxfp4 x
+    # mxfp8 at capability >= 100); SGLang 0.5.14 quantizes activations to MXFP8 only on its SM100 trtllm path
+    # (layers/quantization/mxfp4.py:Mxfp4MoEMethod, the SM90 cutlass path is MXFP4 x BF16).
+    skip("w4a8-mxfp4-needs-sm100", dtype="w4a8_mxfp4_mxfp8", sm=["80", "86", "89", "90", "cpu"]),
+    # SGLang 0.5.14's MXFP8-activation MXFP4 MoE is the SM100/103 trtllm-gen kernel only: Mxfp4MoEMethod.__init__
+    # (layers/quantization/mxfp4.py) raises "flashinfer_mxfp4 requires SM90 or SM100" elsewhere, and
+    # utils/common.py:is_sm100_supported is capability major 10 only.
+    skip("sglang-w4a8-mxfp4-sm100-only", backend="sglang", op="moe", dtype="w4a8_mxfp4_mxfp8", sm="120"),
+    # TensorRT-LLM's weight-only MXFP4 MoE (WFP4A16) exists on SM90 (CUTLASS) and SM100-119 (TRTLLM-Gen):
+    # tensorrt_llm/_torch/modules/fused_moe/quantization.py:WFP4A16FusedMoEMethod.create_weights raises
+    # "WFP4A16 MoE is unsupported on SM<n>" for anything but SM90 on the CUTLASS backend, and model_config.py
+    # picks TRTLLM-Gen only for 100 <= sm < 120 (cited at 1.3.0rc20 by the aiconfigurator collector,
+    # cases/base_ops/moe.yaml moe_trtllm w4a16_mxfp4).
+    skip(
+        "trtllm-w4a16-mxfp4-sm90-to-sm119",
+        backend="trtllm",
+        op="moe",
+        dtype="w4a16_mxfp4",
+        sm=["80", "86", "89", "120"],
+    ),
+    # vLLM 0.24.0 has no fp8-query attention input: the layer takes the model's bf16 query and quantizes it itself
+    # when the KV cache is fp8 (model_executor/layers/attention/attention.py:Attention.__init__ sets query_quant,
+    # Attention.forward applies it), so bf16/fp8 is already the fp8 kernel and an fp8/fp8 case would time it
+    # again under another label.
+    skip("vllm-no-fp8-query-input", backend="vllm", op=ATTENTION, attn_dtype="fp8"),
+    # Head dims above 256 run on FlashAttention 4 on SM90 (v1/attention/backends/fa_utils.py:get_flash_attn_version
+    # upgrades FA3 -> FA4 for head_size > 256), whose forward asserts "FP8 is only supported on SM100" for an fp8
+    # KV cache (vllm_flash_attn/cute/interface.py:_flash_attn_fwd); the grids' only such head_dim is 512.
+    skip("vllm-fa4-no-fp8-kv-on-sm90", backend="vllm", op=ATTENTION, sm="90", head_dim=512, kv_cache_dtype="fp8"),
+    # SGLang 0.5.14's FA3 casts the query to the KV dtype whenever the KV cache is fp8 and head_dim <= 256
+    # (layers/attention/flashattention_backend.py:FlashAttentionBackend.forward_extend), so a bf16-query prefill
+    # on an fp8 cache does not exist there: it is the fp8/fp8 case. Gemma-4 (head_dim 512, and its head_dim 256
+    # layers with a 1024-token window) is served on triton below SM100 (server_args.py:
+    # ServerArgs._handle_model_specific_adjustments), which reads a bf16 query against the fp8 cache, so those
+    # keep bf16/fp8.
+    skip(
+        "sglang-fa3-casts-query-to-fp8",
+        backend="sglang",
+        op="attention_context",
+        dispatch="fa3",
+        attn_dtype="bfloat16",
+        kv_cache_dtype="fp8",
+        head_dim=[64, 128, 192, 256],
+        window_size=[0, 128, 512, 8192],
+    ),
+    # SGLang 0.5.14's trtllm_mha (SM100/103) quantizes a bf16 query to fp8 for prefill when the KV cache is fp8
+    # (layers/attention/trtllm_mha_backend.py:TRTLLMHAAttnBackend.forward_extend calls _maybe_quantize_q with
+    # force_fp8), so bf16/fp8 prefill is the fp8/fp8 kernel under another label.
+    skip(
+        "sglang-trtllm-mha-quantizes-query",
+        backend="sglang",
+        op="attention_context",
+        dispatch="trtllm_mha",
+        attn_dtype="bfloat16",
+        kv_cache_dtype="fp8",
+    ),
+    # SGLang 0.5.14's flashinfer prefill (its backend below SM90) passes the model-dtype query straight to the
+    # kernel with the fp8 cache's scales (layers/attention/flashinfer_backend.py:FlashInferAttnBackend.forward_extend):
+    # there is no fp8-query prefill to time, only bf16/fp8.
+    skip(
+        "sglang-flashinfer-no-fp8-prefill",
+        backend="sglang",
+        op="attention_context",
+        dispatch="flashinfer",
+        attn_dtype="fp8",
+    ),
     # scaled_dot_product_attention takes no fp8 inputs; converting an fp8 KV cache first would time the
     # conversion too (mismeasured).
     skip("torch-sdpa-no-fp8-kv", backend="torch", op=[*ATTENTION, *MLA], kv_cache_dtype="fp8"),
     # gpt-oss attention has learned sinks on every layer; SDPA has none, so its head shapes timed
     # without them would be mismeasured. Shapes the base grid also has still run.
     skip("torch-sdpa-no-sinks", backend="torch", op=ATTENTION, model="GptOssForCausalLM"),
+    # Plain PyTorch has no all-reduce of its own: its only all-reduce is torch.distributed's NCCL (gloo on the
+    # CPU), which the comm op already times into nccl_perf; custom_allreduce_perf is a framework's own kernel.
+    skip("torch-no-custom-allreduce", backend="torch", op="custom_allreduce"),
+    # A framework's custom_allreduce table holds its own variants only (vLLM: vllm_graph, vllm_eager; SGLang:
+    # sglang_graph, sglang_eager; TRT-LLM: trtllm); plans/comm.py dispatches another framework's variant to
+    # not-this-framework, as this backend has no runner for it.
+    skip("custom-allreduce-own-variants-only", op="custom_allreduce", dispatch="not-this-framework"),
 ]
 
 
@@ -135,13 +257,21 @@ def decide(
                 return False
         return True
 
-    kept: list[int] = []
+    # the entries look at a few fields only: decide once per distinct projection onto them, in C loops
+    tested = {key for _, tests in active for key, _ in tests}
+    relevant = sorted({k for k in tested if k != "model"} | (set(group.shape_index) if "model" in tested else set()))
+    project = operator.itemgetter(*relevant) if relevant else (lambda values: ())
+    keys = list(map(project, group.values))
+    verdict = {
+        key: next((name for name, tests in active if matches(values, tests)), None)
+        for key, values in dict(zip(keys, group.values)).items()
+    }
     skipped: dict[str, int] = {}
-    for i, values in enumerate(group.values):
-        for name, tests in active:
-            if matches(values, tests):  # an entry without case-level keys matches every case
-                skipped[name] = skipped.get(name, 0) + 1
-                break
-        else:
-            kept.append(i)
+    for key, n in Counter(keys).items():
+        if verdict[key] is not None:
+            skipped[verdict[key]] = skipped.get(verdict[key], 0) + n
+    if not skipped:
+        return GroupDecision(None, {})
+    keep = {key: name is None for key, name in verdict.items()}
+    kept = list(compress(range(len(keys)), map(keep.__getitem__, keys)))
     return GroupDecision(kept, skipped)

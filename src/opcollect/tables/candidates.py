@@ -70,7 +70,7 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
 def _candidates(table: pa.Table, schema: TableSchema, values: dict) -> pa.Table:
     """Candidate rows from a stored table: its keys, the given columns, nulls for the rest."""
     n = table.num_rows
-    columns = {"case_id": table["case_id"], **{f: table[f] for f in schema.key_fields}}
+    columns = {"case_id": table["case_id"], **{f: table[schema.column(f)] for f in schema.key_fields}}
     for name, kind in CANDIDATE_TYPES.items():
         value = values.get(name)
         if isinstance(value, str) and value in table.column_names:

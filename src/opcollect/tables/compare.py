@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from opcollect.errors import InputError
 from opcollect.tables.schema import TableSchema, read_parquet, schemas
@@ -49,11 +50,16 @@ def _resolve(path: Path, op: str | None) -> tuple[Path, TableSchema]:
         raise InputError(
             f"{path}: {len(matches)} tables match; pick one with --op (found: {', '.join(names) or 'none'})"
         )
-    return matches[0]
+    found, schema = matches[0]
+    try:
+        names = pq.read_schema(found).names
+    except (pa.ArrowException, OSError):
+        return found, schema  # reading the table says what is wrong with it
+    return found, schema.for_columns(names)  # e.g. TRT-LLM's own column names
 
 
 def _key(schema: TableSchema) -> list[str]:
-    return ["op_name", *schema.key_fields]
+    return ["op_name", *schema.field_columns]
 
 
 def non_monotonic_steps(table: pa.Table, schema: TableSchema) -> list[tuple[str, float, float]]:

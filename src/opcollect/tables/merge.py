@@ -75,7 +75,8 @@ def _leading(target: Target, schema: TableSchema, table: pa.Table) -> dict:
         "framework": pa.array([FRAMEWORK_NAMES.get(target.backend, target.backend)] * n, pa.string()),
         "version": pa.array([target.version] * n, pa.string()),
         "device": pa.array([target.device] * n, pa.string()),
-        "op_name": pa.array([schema.op.op_name] * n, pa.string()),
+        # comm's cases carry their collective; every other op has one op_name
+        "op_name": table["op_name"] if schema.op.op_name is None else pa.array([schema.op.op_name] * n, pa.string()),
         "kernel_source": table["kernel_source"],
     }
 
@@ -87,24 +88,24 @@ def _sorted(table: pa.Table, schema: TableSchema) -> pa.Table:
 def build_outputs(target: Target, schema: TableSchema, chosen: pa.Table) -> tuple[pa.Table, pa.Table]:
     ok = _sorted(chosen.filter(chosen["ok"]), schema)
     failed = _sorted(chosen.filter(pc.invert(chosen["ok"])), schema)
-    perf = pa.table(
-        {
-            **_leading(target, schema, ok),
-            **{f: ok[f] for f in schema.key_fields},
-            **{c: ok[c] for c in ("latency", "latency_p25", "latency_p75", "samples", "noise", "timing", "case_id")},
-        }
-    ).cast(schema.perf)
-    failures = pa.table(
-        {
-            **_leading(target, schema, failed),
-            **{f: failed[f] for f in schema.key_fields},
-            "case_id": failed["case_id"],
-            "error_class": failed["error_class"],
-            "message": failed["message"],
-            "attempts": failed["attempt"],
-        }
-    ).cast(schema.failures)
-    return perf, failures
+    perf = {
+        **{schema.column(f): ok[f] for f in schema.key_fields},
+        **_leading(target, schema, ok),
+        **{c: ok[c] for c in ("latency", "latency_p25", "latency_p75", "samples", "noise", "timing", "case_id")},
+    }
+    failures = {
+        **{schema.column(f): failed[f] for f in schema.key_fields},
+        **_leading(target, schema, failed),
+        "case_id": failed["case_id"],
+        "error_class": failed["error_class"],
+        "message": failed["message"],
+        "attempts": failed["attempt"],
+    }
+    # in the schema's column order: some key fields follow latency, as in the reference
+    return (
+        pa.table({c: perf[c] for c in schema.perf.names}).cast(schema.perf),
+        pa.table({c: failures[c] for c in schema.failures.names}).cast(schema.failures),
+    )
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
@@ -217,7 +218,7 @@ def _merge_table(
     collector_ref: str | None,
 ) -> tuple[sc.TableMeta, TableWritten]:
     """One table: choose the rows, write perf, failures and plan into staging, and describe it."""
-    schema = schema_for_op(op)
+    schema = schema_for_op(op, target.backend)
     directory = target.directory(schema.op.family)
     old_dir = tables / directory
     if previous is not None and previous.collector_hash != digest:
@@ -275,7 +276,8 @@ def _merge_target(
     target: Target, runs: list[RunData], digest: str, tables: Path, staging: Staging, tree: ProjectTree | None
 ) -> list[TableWritten]:
     by_family: dict[str, list[str]] = defaultdict(list)
-    for op in dict.fromkeys(op for run in runs for op in run.plan_cases):
+    # an op no run planned a case of (custom_allreduce for torch, every case skipped) makes no empty table
+    for op in dict.fromkeys(op for run in runs for op, planned in run.plan_cases.items() if planned.num_rows):
         by_family[schema_for_op(op).op.family].append(op)
     collector_ref = _collector_ref(tree, digest)
     written = []

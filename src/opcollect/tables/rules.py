@@ -138,7 +138,7 @@ def _r4(path: Path, perf: pa.Table, failures: pa.Table, planned: pa.Table, parti
 def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: float) -> list[Finding]:
     found: list[Finding] = []
     for name, entry in meta.tables.items():
-        schema = schemas().get(name)
+        schema = schemas(meta.runtime.framework).get(name)
         if schema is None:
             found.append(Finding("R5", str(directory / sc.SIDECAR), f"unknown table {name!r}"))
             continue
@@ -209,13 +209,18 @@ def _r6(
         off = pc.not_equal(perf[column], wanted)
         if pc.any(off).as_py():
             found.append(Finding("R6", str(path), f"{column} is not {wanted!r}", _ids(perf, off)))
+    if schema.op.op_name is None:  # the case's own op_name (comm's collective): the one its case ID names
+        named = pc.struct_field(pc.extract_regex(perf["case_id"], r"[:,]op_name=(?P<v>[^,]*)"), "v")
+        off = pc.fill_null(pc.not_equal(perf["op_name"], named), True)
+        if pc.any(off).as_py():
+            found.append(Finding("R6", str(path), "op_name is not the one its case ID names", _ids(perf, off)))
     return found
 
 
 def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
     found: list[Finding] = []
     for name in meta.tables:
-        schema = schemas().get(name)
+        schema = schemas(meta.runtime.framework).get(name)
         path = directory / table_files(name)[0]
         if schema is None or not path.is_file():
             continue

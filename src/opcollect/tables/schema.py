@@ -1,10 +1,14 @@
 """Columns and types of every table, derived from the op plans: a plan row and a table row join directly.
 
-perf:     framework, version, device, op_name, kernel_source, <key fields>, latency,
+perf:     framework, version, device, op_name, kernel_source, <key fields>, latency, <after-latency fields>,
           latency_p25, latency_p75, samples, noise, timing, case_id
-failures: framework, version, device, op_name, kernel_source, <key fields>, case_id, error_class,
-          message, attempts
-The leading columns and their types are those of the aiconfigurator tables.
+failures: framework, version, device, op_name, kernel_source, <key fields>, <after-latency fields>, case_id,
+          error_class, message, attempts
+The leading columns and their types are those of the aiconfigurator tables. An op whose cases carry op_name
+(comm: the collective) fills that column from the case; the others from OpPlan.op_name. Fields after latency
+(OpPlan.after_latency) follow the reference's order, and a backend may name a field's column otherwise
+(OpPlan.columns: TRT-LLM's custom_allreduce `implementation` is vLLM's and SGLang's `backend`), so a table's
+schema is the op's for one backend.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ SWEEP_AXIS = {
     "mla_context": "isl",
     "mla_generation": "batch_size",
     "comm": "message_size",
+    "custom_allreduce": "message_size",
 }
 ARROW_TYPES = {str: pa.string(), int: pa.int64()}
 
@@ -48,6 +53,7 @@ ARROW_TYPES = {str: pa.string(), int: pa.int64()}
 @dataclass(frozen=True)
 class TableSchema:
     op: OpPlan
+    backend: str | None = None  # whose table: a backend may name a key column otherwise (OpPlan.columns)
 
     @property
     def name(self) -> str:
@@ -55,41 +61,70 @@ class TableSchema:
 
     @property
     def key_fields(self) -> tuple[str, ...]:
+        """Every case field, named as the plan names it (op_name among them for comm)."""
         return self.op.fields
+
+    def column(self, field: str) -> str:
+        """The table column of a case field, for this schema's backend."""
+        return self.op.columns.get(self.backend or "", {}).get(field, field)
+
+    @property
+    def field_columns(self) -> tuple[str, ...]:
+        """The key columns after the leading ones, in table order (after-latency ones last)."""
+        before, after = self._key_parts()
+        return tuple(column for column, _ in before + after)
 
     @property
     def key_columns(self) -> tuple[str, ...]:
-        return (*LEADING, *self.key_fields)
+        return (*LEADING, *self.field_columns)
 
     @property
     def sweep_axis(self) -> str:
         return SWEEP_AXIS[self.op.name]
 
     def field_types(self) -> list[tuple[str, pa.DataType]]:
+        """Every case field (named as the plan names it) with its Arrow type."""
         hints = typing.get_type_hints(self.op.case_type)
         return [(name, ARROW_TYPES[hints[name]]) for name in self.key_fields]
 
+    def _key_parts(self) -> tuple[list[tuple[str, pa.DataType]], list[tuple[str, pa.DataType]]]:
+        """(column, type) of the key fields that are no leading column: those before latency, those after it."""
+        typed = [(f, self.column(f), t) for f, t in self.field_types() if f not in LEADING]
+        before = [(c, t) for f, c, t in typed if f not in self.op.after_latency]
+        after = [(c, t) for f, c, t in typed if f in self.op.after_latency]
+        return before, after
+
     @property
     def perf(self) -> pa.Schema:
-        return pa.schema([(c, pa.string()) for c in LEADING] + self.field_types() + list(MEASURED))
+        before, after = self._key_parts()
+        return pa.schema([(c, pa.string()) for c in LEADING] + before + list(MEASURED[:1]) + after + list(MEASURED[1:]))
 
     @property
     def failures(self) -> pa.Schema:
-        return pa.schema([(c, pa.string()) for c in LEADING] + self.field_types() + list(FAILED))
+        before, after = self._key_parts()
+        return pa.schema([(c, pa.string()) for c in LEADING] + before + after + list(FAILED))
 
     @property
     def plan(self) -> pa.Schema:
         return pa.schema([("case_id", pa.string()), ("plan_hash", pa.string())])
 
+    def for_columns(self, names: list[str]) -> TableSchema:
+        """The backend's variant of this schema whose key columns a file with these column names has."""
+        for backend in (self.backend, None, *self.op.columns):
+            variant = TableSchema(self.op, backend)
+            if set(variant.key_columns) <= set(names):
+                return variant
+        return self
+
 
 @cache
-def schemas() -> dict[str, TableSchema]:
-    """Every table by name, e.g. 'gemm_perf'."""
-    return {op.table: TableSchema(op) for op in OPS.values()}
+def schemas(backend: str | None = None) -> dict[str, TableSchema]:
+    """Every table by name, e.g. 'gemm_perf', as ``backend`` names its columns."""
+    return {op.table: TableSchema(op, backend) for op in OPS.values()}
 
 
-def schema_for_op(op: str) -> TableSchema:
-    return TableSchema(OPS[op])
+def schema_for_op(op: str, backend: str | None = None) -> TableSchema:
+    return TableSchema(OPS[op], backend)
 
 
 def table_files(table: str) -> tuple[str, str, str]:

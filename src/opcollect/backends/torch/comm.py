@@ -1,9 +1,12 @@
-"""All-reduce with torch.distributed: gloo between CPU processes, NCCL across GPUs.
+"""NCCL collectives with torch.distributed: gloo between CPU processes, NCCL across GPUs.
 
-One task times every message size of one (dtype, num_gpus) group: starting the ranks costs seconds.
-Each sample is a barrier, K back-to-back all_reduces, and the maximum of the ranks' times per call. The
-stopping rule runs on identical numbers in every rank (its clock is the sum of those maxima), so all
-ranks stop together.
+all_reduce (in place), all_gather (all_gather_into_tensor), reduce_scatter (reduce_scatter_tensor) and
+alltoall (all_to_all_single) of message_size ELEMENTS of the case's dtype: the whole buffer as nccl-tests
+counts it (all_gather's output, reduce_scatter's input, alltoall's send buffer), so a half case of
+message_size N moves 2N bytes. One task times every case of one (dtype, num_gpus) group: starting the
+ranks costs seconds. Each sample is a barrier, K back-to-back collectives, and the maximum of the ranks'
+times per call. The stopping rule runs on identical numbers in every rank (its clock is the sum of those
+maxima), so all ranks stop together.
 """
 
 from __future__ import annotations
@@ -12,18 +15,65 @@ import os
 import queue as queue_module
 import socket
 import time
+from functools import partial
 
+from opcollect.plans.comm import message_bytes
 from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
 
-ELEMENT_BYTES = {"float32": 4, "half": 2, "bfloat16": 2}
+TORCH_DTYPES = {"half": "float16", "bfloat16": "bfloat16", "float32": "float32", "int8": "int8", "fp8": "float8_e4m3fn"}
 RANK_START_SECONDS = 120.0
-SAMPLE_SECONDS = 2e-3  # one sample: enough back-to-back all_reduces to last about this long
+SAMPLE_SECONDS = 2e-3  # one sample: enough back-to-back collectives to last about this long
 MAX_CALLS_PER_SAMPLE = 100
 
 
+def buffer_elements(op_name: str, message_size: int, world: int) -> tuple[int, int]:
+    """Elements of one rank's (input, output) tensors; output 0: in place (all_reduce).
+
+    message_size is the larger buffer, as nccl-tests counts it; each rank's share of it is message_size // world.
+    """
+    if op_name == "all_reduce":
+        return message_size, 0
+    if message_size % world:
+        raise KernelLimit(f"{op_name} of {message_size} elements does not split evenly over {world} ranks")
+    share = message_size // world
+    if op_name == "all_gather":
+        return share, share * world
+    if op_name == "reduce_scatter":
+        return share * world, share
+    if op_name == "alltoall":
+        return share * world, share * world
+    raise KernelLimit(f"the torch backend has no collective {op_name!r}")
+
+
 def footprint(case) -> int:
-    return 2 * case.message_size
+    inputs, outputs = buffer_elements(case.op_name, case.message_size, case.num_gpus)
+    return message_bytes(case.nccl_dtype, inputs + outputs)
+
+
+def _gather_scatter(op_name: str, dist):
+    """The torch.distributed function of an out-of-place collective, called as f(output, input)."""
+    if op_name == "all_gather":  # torch 2.13 deprecates all_gather_into_tensor for all_gather_single
+        return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    if op_name == "reduce_scatter":  # and reduce_scatter_tensor for reduce_scatter_single
+        return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return dist.all_to_all_single
+
+
+def collective(case: dict, world: int, device: str, dist, torch):
+    """The case's collective as a call without arguments, and the bytes of its larger buffer (the message)."""
+    dtype = getattr(torch, TORCH_DTYPES[case["nccl_dtype"]])
+    inputs, outputs = buffer_elements(case["op_name"], case["message_size"], world)
+    source = torch.zeros(inputs, dtype=dtype, device=device)
+    if outputs:
+        target = torch.zeros(outputs, dtype=dtype, device=device)
+        call = partial(_gather_scatter(case["op_name"], dist), target, source)
+    else:
+        target, call = source, partial(dist.all_reduce, source)
+    moved = max(source.numel(), target.numel()) * source.element_size()
+    if moved != message_bytes(case["nccl_dtype"], case["message_size"]):  # message_size counts elements
+        raise AssertionError(f"{case['op_name']} of {case['message_size']} {case['nccl_dtype']} moves {moved} bytes")
+    return call, moved
 
 
 def _free_port() -> int:
@@ -42,7 +92,7 @@ def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured
 
         if torch.cuda.device_count() < world:
             raise KernelLimit(
-                f"all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
+                f"a collective over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
             )
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -65,9 +115,9 @@ def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured
             except queue_module.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"all-reduce rank died with exit code {dead[0].exitcode}") from None
+                    raise RuntimeError(f"a collective's rank died with exit code {dead[0].exitcode}") from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError("all-reduce ranks did not finish") from None
+                    raise TimeoutError("the collective's ranks did not finish") from None
         if isinstance(outcome, str):
             raise RuntimeError(outcome)
         return outcome
@@ -106,20 +156,18 @@ def _rank_main(rank, world, port, cuda, payload, config, results, parent_pid) ->
 
 
 def _time_one(case: dict, device: str, cuda: bool, config: TimingConfig, dist, torch) -> Measured:
-    dtype = {"float32": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16}[case["nccl_dtype"]]
-    numel = max(1, case["message_size"] // ELEMENT_BYTES[case["nccl_dtype"]])
-    tensor = torch.ones(numel, dtype=dtype, device=device)
+    run, _ = collective(case, case["num_gpus"], device, dist, torch)
     worst = torch.zeros(1, dtype=torch.float64, device=device)
     spent = [0.0]
 
     def timed(calls: int) -> float:
-        """Seconds per all_reduce over ``calls`` back-to-back ones, the maximum over the ranks."""
+        """Seconds per collective over ``calls`` back-to-back ones, the maximum over the ranks."""
         dist.barrier()
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(calls):
-            dist.all_reduce(tensor)
+            run()
         if cuda:
             torch.cuda.synchronize()
         worst.fill_((time.perf_counter() - start) / calls)
