@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import chain, product
 from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import GemmGrid
@@ -32,7 +33,10 @@ def expand(grid: GemmGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
     origins = model_origins(base, shapes, "gemm")
     pairs = sorted(base | origins.keys())
     # run order: one weight at a time, m ascending, so a runner can reuse its buffers
-    rows = {(dtype,): [(dtype, m, n, k) for n, k in pairs for m in grid.m] for dtype in grid.dtypes}
+    rows = {
+        (dtype,): list(chain.from_iterable(product((dtype,), grid.m, (n,), (k,)) for n, k in pairs))
+        for dtype in grid.dtypes
+    }
     return make_groups("gemm", GemmCase, ("gemm_dtype",), rows, origins, ("n", "k"))
 
 

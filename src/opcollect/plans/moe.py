@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import product
 from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import MoeGrid
@@ -66,8 +67,8 @@ def expand(grid: MoeGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
                 if (inter // tp) % block:
                     continue
                 for distribution in grid.distributions:
-                    for tokens in grid.num_tokens:
-                        values.append((dtype, tokens, hidden, inter, topk, experts, tp, ep, distribution))
+                    fixed = ((hidden,), (inter,), (topk,), (experts,), (tp,), (ep,), (distribution,))
+                    values.extend(product((dtype,), grid.num_tokens, *fixed))
         if values:
             rows[(dtype,)] = values
     return make_groups(
