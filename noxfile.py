@@ -86,7 +86,7 @@ def check(session: nox.Session) -> None:
 
 @nox.session(python=False, default=False)
 def verify(session: nox.Session) -> None:
-    """Recompute every hash of a tables tree against its manifest and sidecars: `nox -s verify -- TABLES`."""
+    """Recompute every hash of a tables tree against its manifest and provenance records: `nox -s verify -- TABLES`."""
     _opcollect(session, "verify")
 
 

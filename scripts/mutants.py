@@ -46,6 +46,8 @@ TABLES = "tests/test_planted_tables.py"
 IMAGES = "tests/test_planted_images.py"
 SAFETY = "tests/test_data_safety.py"
 COMM = "tests/test_comm_plans.py"
+CHECK = "tests/test_check_verify.py"
+MERGE = "tests/test_merge.py"
 BAD = "tests/test_bad_inputs.py::test_bad_input_is_one_line_and_exit_2[resume-nothing-there]"
 
 
@@ -436,6 +438,71 @@ MUTANTS: list[Mutant] = [
         'others = [k for k in _key(schema) if k != axis] + ["kernel_source"]',
         "others = [k for k in _key(schema) if k != axis]",
         f"{TABLES}::test_non_monotonic_steps_are_found_per_kernel",
+    ),
+    # ---- tables: the consumer's layout, collection_meta.yaml held to .opcollect/provenance.yaml ---------
+    m(
+        "r5-collection-meta-not-held-to-the-record",
+        "tables/rules.py",
+        "        pv.check_sidecar_matches(directory / sc.SIDECAR, meta, record)\n",
+        "",
+        f"{CHECK}::test_edited_sidecar",
+    ),
+    m(
+        "r5-planted-file-not-flagged",
+        "tables/rules.py",
+        "if p.is_file() and consumer.read_as_table(p.name) and consumer.stem(p.name) not in meta.tables",
+        "if p.is_file() and consumer.read_as_table(p.name) and consumer.stem(p.name) not in meta.tables and False",
+        f"{CHECK}::test_a_planted_file_is_unexpected_and_taken_for_a_table",
+    ),
+    m(
+        "r5-system-spec-not-checked",
+        "tables/rules.py",
+        "        found += _system_specs(root)",
+        "        pass",
+        f"{CHECK}::test_a_missing_or_broken_system_spec",
+    ),
+    m(
+        "r6-unknown-dtype-only-a-warning",
+        "tables/rules.py",
+        'warning=runtime.framework == "torch"',
+        "warning=True",
+        f"{CHECK}::test_r6_a_dtype_the_consumer_does_not_know_in_a_framework_table",
+    ),
+    m(
+        "r6-unknown-dtype-in-torch-a-violation",
+        "tables/rules.py",
+        'warning=runtime.framework == "torch"',
+        "warning=False",
+        f"{CHECK}::test_r6_a_dtype_the_consumer_does_not_know_in_a_torch_table_is_a_warning",
+    ),
+    m(
+        "verify-looks-for-perf-in-the-dot-directory",
+        "tables/verify.py",
+        "directory = record_path.parent.parent",
+        "directory = record_path.parent",
+        f"{CHECK}::test_flipped_byte_in_parquet",
+    ),
+    m(
+        "extras-beside-the-tables",
+        "tables/schema.py",
+        'return f"{table}.parquet", f"{EXTRAS}/{stem}_failures.parquet", f"{EXTRAS}/{stem}_plan.parquet"',
+        'return f"{table}.parquet", f"{stem}_failures.parquet", f"{stem}_plan.parquet"',
+        f"{MERGE}::test_layout_columns_and_sidecar",
+    ),
+    m(
+        "nccl-beside-the-framework-tables",
+        "tables/merge.py",
+        "if schema.name == consumer.NCCL_TABLE:",
+        "if False:",
+        f"{COMM}::test_merge_of_custom_allreduce_and_nccl_runs_writes_the_reference_columns",
+    ),
+    m(
+        "ingest-drops-nccl-version",
+        "tables/ingest.py",
+        '    "nccl_version",\n',
+        "",
+        f"{MERGE}::test_layout_columns_and_sidecar",
+        f"{COMM}::test_merge_of_custom_allreduce_and_nccl_runs_writes_the_reference_columns",
     ),
     # ---- images: the input hash and the base -----------------------------------------------------------
     m(

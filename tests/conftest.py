@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -118,6 +119,9 @@ def fake_run(
     sm: str = "90",
     digest: str | None = None,
     op: str = "gemm",
+    nccl_version: str | None = "2.26.2",
+    latency_of: Callable[[Any], float] | None = None,
+    kernel_source: str = "cutlass",
 ) -> Path:
     """A run directory written the way `run` writes one, with chosen outcomes instead of measurements."""
     from opcollect.plans.hashes import collector_hash
@@ -127,7 +131,7 @@ def fake_run(
     from opcollect.runtime.shards import ShardWriter
 
     plan_path = run_dir.parent / f"{run_dir.name}-plan.json"
-    write_plan(plan_of_cases(backend, sm, op, cases, "cutlass", digest or collector_hash(ROOT)), plan_path)
+    write_plan(plan_of_cases(backend, sm, op, cases, kernel_source, digest or collector_hash(ROOT)), plan_path)
     plan = read_plan(plan_path)
     prepare_run_dir(run_dir, plan_path, plan, resume=(run_dir / "run.json").exists())
     writer = ShardWriter(run_dir / "shards" / f"{run_id}-w0.jsonl")
@@ -142,16 +146,17 @@ def fake_run(
             "torch": "2.8.0",
             "cuda": "12.8",
             "driver": "570.1",
+            "nccl_version": nccl_version,
             "device": device,
             "host": "node1",
         }
     )
     outcomes = status or {}
-    for case_id in plan.ops[op].ids:
+    for case_id, case in zip(plan.ops[op].ids, plan.ops[op].cases):
         record = {
             "case_id": case_id,
             "op": op,
-            "dispatch": "cutlass",
+            "dispatch": kernel_source,
             "attempt": 1,
             "plan_hash": plan.plan_hash,
             "collector_hash": plan.collector_hash,
@@ -162,13 +167,14 @@ def fake_run(
         }
         outcome = outcomes.get(case_id, "ok")
         if outcome == "ok":
+            value = latency_of(case) if latency_of is not None else latency
             record.update(
                 status="ok",
-                kernel_source="cutlass",
+                kernel_source=kernel_source,
                 stats={
-                    "latency": latency,
-                    "latency_p25": latency * 0.99,
-                    "latency_p75": latency * 1.01,
+                    "latency": value,
+                    "latency_p25": value * 0.99,
+                    "latency_p75": value * 1.01,
                     "samples": 10,
                     "noise": 0.02,
                     "timing": "graph",

@@ -25,6 +25,7 @@ def identity(device):
         "torch": None,
         "cuda": None,
         "driver": None,
+        "nccl_version": None,
         "device": "cpu",
         "pid": os.getpid(),
     }

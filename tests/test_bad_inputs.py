@@ -217,7 +217,7 @@ RUN = ("run", "--plan", "{plan}", "--out", "{tmp}/out", "--device", "cpu")
 COMPARE = ("compare", "{tables}", "{tables}")
 GEMM_YAML = "{tree}/cases/base_ops/gemm.yaml"
 PERF = "{tables}/" + DIR + "/gemm_perf.parquet"
-FAILURES = "{tables}/" + DIR + "/gemm_failures.parquet"
+FAILURES = "{tables}/" + DIR + "/.opcollect/gemm_failures.parquet"
 MANIFEST = "{tables}/manifest.json"
 PINS = "{tree}/pins.yaml"
 
@@ -276,6 +276,19 @@ ROWS = [
         MERGE_TREE,
         "h200_sxm.yaml: field 'devices': 'NVIDIA H100 80GB HBM3' is also listed by",
         replace("{tree}/systems/h200_sxm.yaml", "  - NVIDIA H200\n", "  - NVIDIA H200\n  - NVIDIA H100 80GB HBM3\n"),
+    ),
+    Row(
+        "systems-yaml-schema-1",
+        MERGE_TREE,
+        "h200_sxm.yaml: field 'schema_version': Input should be 2 (got 1)",
+        replace("{tree}/systems/h200_sxm.yaml", "schema_version: 2\n", "schema_version: 1\n"),
+    ),
+    Row(
+        "systems-yaml-consumer-spec-misspelled",
+        MERGE_TREE,
+        "h200_sxm.yaml: field 'aiconfigurator.gpu.memory_bw': unknown field; remove it or fix its spelling "
+        "(did you mean 'mem_bw'?)",
+        replace("{tree}/systems/h200_sxm.yaml", "    mem_bw: ", "    memory_bw: "),
     ),
     Row(
         "pins-tag-is-another-version",
@@ -459,7 +472,7 @@ ROWS = [
         "merge-into-corrupt-table-that-verifies",
         ("merge", "{run}", "--into", "{tables}"),
         "gemm_failures.parquet: not a readable parquet table (",
-        both(write(FAILURES, b"not parquet"), rehash(DIR + "/gemm_failures.parquet")),
+        both(write(FAILURES, b"not parquet"), rehash(DIR + "/.opcollect/gemm_failures.parquet")),
     ),
     Row(
         "compare-old-not-parquet",

@@ -1,4 +1,8 @@
-"""verify catches tampering; check names the rule each broken table violates; the sidecar is strict."""
+"""verify catches tampering; check names the rule each broken table violates; the sidecar is strict.
+
+A version directory holds the consumer's collection_meta.yaml and perf tables; our provenance record,
+failures and plans are in its .opcollect/; TABLES/<system>.yaml is the system spec the consumer opens.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
 from opcollect.tables.merge import merge
+from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 from opcollect.tables.sidecar import SidecarV1, read_sidecar
 from opcollect.tables.verify import verify_tables
@@ -43,19 +48,78 @@ def test_flipped_byte_in_parquet(tables):
     assert done.returncode == 1 and f"modified: {DIR}/gemm_perf.parquet" in done.stdout
 
 
+def _edit_yaml(path, change):
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _r5(tables):
+    return [f for f in check_tables(tables) if f.rule == "R5"]
+
+
 def test_edited_sidecar(tables):
-    path = tables / DIR / "collection_meta.yaml"
-    path.write_text(path.read_text().replace("rows: 5", "rows: 6"))
+    """collection_meta.yaml's table rows edited: the manifest catches it, and R5 holds it to our record."""
+    _edit_yaml(tables / DIR / "collection_meta.yaml", lambda d: d["tables"]["gemm_perf"].update(rows=6))
     assert verify_tables(tables).modified == [f"{DIR}/collection_meta.yaml"]
-    assert any(f.rule == "R5" and "sidecar says 6/1" in f.message for f in check_tables(tables))
+    [finding] = _r5(tables)
+    assert finding.path == str(tables / DIR / "collection_meta.yaml") and not finding.warning
+    assert finding.message == "field 'tables.gemm_perf.rows' differs from .opcollect/provenance.yaml; " + (
+        "restore the file or re-merge"
+    )
+    done = run_cli("check", str(tables))
+    assert done.returncode == 1 and "R5 violation" in done.stdout
+
+
+def test_edited_provenance_counts(tables):
+    """.opcollect/provenance.yaml's counts edited: the manifest catches it, and R5 counts the files."""
+    record = tables / DIR / PROVENANCE
+    _edit_yaml(record, lambda d: d["tables"]["gemm_perf"].update(failures=2))  # not in collection_meta.yaml
+    assert verify_tables(tables).modified == [f"{DIR}/{PROVENANCE}"]
+    assert [f.message for f in _r5(tables)] == ["5 rows/1 failures, sidecar says 5/2"]
+    # rows edited in both files alike, so that they agree with each other: the files still disagree
+    _edit_yaml(record, lambda d: d["tables"]["gemm_perf"].update(failures=1, rows=6))
+    _edit_yaml(tables / DIR / "collection_meta.yaml", lambda d: d["tables"]["gemm_perf"].update(rows=6))
+    assert sorted(verify_tables(tables).modified) == [f"{DIR}/{PROVENANCE}", f"{DIR}/collection_meta.yaml"]
+    assert [f.message for f in _r5(tables)] == ["5 rows/1 failures, sidecar says 6/1"]
+    # rows edited in the record alone: collection_meta.yaml no longer says what the record makes
+    _edit_yaml(tables / DIR / "collection_meta.yaml", lambda d: d["tables"]["gemm_perf"].update(rows=5))
+    assert ["differs from .opcollect/provenance.yaml" in f.message for f in _r5(tables)] == [True]
 
 
 def test_deleted_and_extra_files(tables):
-    (tables / DIR / "gemm_failures.parquet").unlink()
-    (tables / DIR / "notes.txt").write_text("hello")
+    (tables / DIR / ".opcollect/gemm_failures.parquet").unlink()
     report = verify_tables(tables)
-    assert report.missing == [f"{DIR}/gemm_failures.parquet"] and report.unexpected == [f"{DIR}/notes.txt"]
+    assert report.missing == [f"{DIR}/.opcollect/gemm_failures.parquet"] and report.unexpected == []
     assert run_cli("verify", str(tables)).returncode == 1
+    [finding] = _r5(tables)
+    assert "gemm_perf: missing files" in finding.message and finding.keys == (".opcollect/gemm_failures.parquet",)
+
+
+def test_a_planted_file_is_unexpected_and_taken_for_a_table(tables):
+    """The consumer takes every non-dot file of a version directory for a table: check says so, verify too."""
+    (tables / DIR / "notes.txt").write_text("hello")
+    (tables / DIR / ".opcollect/notes.txt").write_text("hello")  # where the consumer does not read
+    report = verify_tables(tables)
+    assert report.unexpected == [f"{DIR}/.opcollect/notes.txt", f"{DIR}/notes.txt"] and report.missing == []
+    assert run_cli("verify", str(tables)).returncode == 1
+    [finding] = _r5(tables)
+    assert finding.path == str(tables / DIR) and finding.keys == ("notes.txt",)
+    assert finding.message == "taken for tables by the consumer, not in collection_meta.yaml" and not finding.warning
+
+
+def test_a_missing_or_broken_system_spec(tables):
+    spec = tables / "h200_sxm.yaml"
+    text = spec.read_text()
+    spec.unlink()
+    assert verify_tables(tables).missing == ["h200_sxm.yaml"]
+    [finding] = _r5(tables)
+    assert finding.path == str(spec) and finding.message.startswith("missing: the consumer cannot open h200_sxm")
+    spec.write_text(text.replace("data_dir: h200_sxm", "data_dir: elsewhere"))
+    assert [f.message for f in _r5(tables)] == ["data_dir 'elsewhere' is not 'h200_sxm'; re-merge"]
+    spec.write_text(text.replace("  mem_bw:", "  mem_bandwidth:"))
+    [finding] = _r5(tables)
+    assert finding.path == str(spec) and "'gpu.mem_bandwidth': unknown field" in finding.message
 
 
 def test_verify_without_manifest_is_bad_input(tmp_path):
@@ -71,15 +135,15 @@ def _rewrite(tables, change, name="gemm_perf.parquet"):
 
 
 def _original(tables, name):
-    return tables.parent / "run-original" / name
+    return tables.parent / "run-original" / Path(name).name
 
 
 @pytest.fixture
 def breakable(tables):
     keep = tables.parent / "run-original"
     keep.mkdir()
-    for name in ("gemm_perf.parquet", "gemm_failures.parquet", "gemm_plan.parquet"):
-        shutil.copy(tables / DIR / name, keep / name)
+    for name in ("gemm_perf.parquet", ".opcollect/gemm_failures.parquet", ".opcollect/gemm_plan.parquet"):
+        shutil.copy(tables / DIR / name, keep / Path(name).name)
     return tables
 
 
@@ -124,7 +188,7 @@ def test_r4_accounting(breakable):
     _rewrite(breakable, lambda t: t.slice(1))  # a measured case vanished from a complete table
     finding = next(f for f in check_tables(breakable) if f.rule == "R4")
     assert not finding.warning and "1 planned cases have neither" in finding.message
-    _rewrite(breakable, lambda t: t.slice(0, 1), name="gemm_plan.parquet")
+    _rewrite(breakable, lambda t: t.slice(0, 1), name=".opcollect/gemm_plan.parquet")
     _rewrite(breakable, lambda t: t)
     assert any(f.rule == "R4" and "rows outside the plan" in f.message for f in check_tables(breakable))
 
@@ -136,6 +200,18 @@ def test_r5_provenance(breakable):
     meta.write_text(yaml.safe_dump(data))
     [finding] = [f for f in check_tables(breakable) if f.rule == "R5"]
     assert "tables.gemm_perf.surprise" in finding.message and "unknown field" in finding.message
+    del data["tables"]["gemm_perf"]["surprise"]
+    meta.write_text(yaml.safe_dump(data))
+    assert [f for f in check_tables(breakable) if f.rule == "R5"] == []
+    record = breakable / DIR / PROVENANCE
+    record_data = yaml.safe_load(record.read_text())
+    record_data["tables"]["gemm_perf"]["surprise"] = 1
+    record.write_text(yaml.safe_dump(record_data))
+    [finding] = [f for f in check_tables(breakable) if f.rule == "R5"]
+    assert finding.path == str(record) and "tables.gemm_perf.surprise" in finding.message
+    record.unlink()
+    [finding] = [f for f in check_tables(breakable) if f.rule == "R5"]
+    assert finding.message.startswith("no .opcollect/provenance.yaml")
 
 
 def test_r6_identity(breakable):
@@ -147,6 +223,42 @@ def test_r6_identity(breakable):
     )
     finding = next(f for f in check_tables(breakable) if f.rule == "R6")
     assert "device is not 'NVIDIA H200'" in finding.message and len(finding.keys) == 5
+
+
+def _dtype(value, rows=1):
+    def change(t):
+        column = t["gemm_dtype"].to_pylist()
+        column[:rows] = [value] * rows
+        return t.set_column(t.schema.get_field_index("gemm_dtype"), "gemm_dtype", pa.array(column, pa.string()))
+
+    return change
+
+
+def test_r6_a_dtype_the_consumer_does_not_know_in_a_framework_table(breakable):
+    """float32 in a framework's GEMM table drops GEMM from the consumer's support matrix: a violation."""
+    _rewrite(breakable, _dtype("float32"))
+    [finding] = [f for f in check_tables(breakable) if f.rule == "R6"]
+    assert not finding.warning and "does not know" in finding.message
+    assert len(finding.keys) == 1 and "float32" in finding.keys[0]  # the one unknown value, named
+    done = run_cli("check", str(breakable))
+    assert done.returncode == 1 and "R6 violation" in done.stdout
+
+
+def test_r6_a_dtype_the_consumer_does_not_know_in_a_torch_table_is_a_warning(tmp_path):
+    tables = tmp_path / "tables"
+    cases = [GemmCase("float32", m, 64, 64) for m in (1, 2)]
+    merge(
+        [fake_run(tmp_path / "run", cases, backend="torch", version="2.8.0", device="cpu", sm="cpu")],
+        tables,
+        find_project(),
+    )
+    findings = check_tables(tables)
+    [finding] = [f for f in findings if f.rule == "R6"]
+    assert finding.warning and "does not know" in finding.message
+    assert len(finding.keys) == 1 and "float32" in finding.keys[0]
+    assert [f.render() for f in findings if not f.warning] == []
+    done = run_cli("check", str(tables))
+    assert done.returncode == 0 and "0 violations" in done.stdout
 
 
 def test_r7_noise_is_a_warning_unless_strict(breakable):
@@ -170,12 +282,17 @@ def test_sidecar_reader_is_strict_and_reads_legacy(tables, tmp_path):
         assert isinstance(read_sidecar(path), SidecarV1)
     meta = tables / DIR / "collection_meta.yaml"
     data = yaml.safe_load(meta.read_text())
-    data["system"]["gpus"] = "eight"
+    data["tables"]["gemm_perf"]["rows"] = "five"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(data))
-    with pytest.raises(InputError, match=r"bad.yaml: field 'system.gpus': Input should be a valid integer"):
+    with pytest.raises(InputError, match=r"bad.yaml: field 'tables.gemm_perf.rows': Input should be a valid integer"):
         read_sidecar(bad)
-    data["system"]["gpus"] = 8
+    record = yaml.safe_load((tables / DIR / PROVENANCE).read_text())
+    record["system"]["gpus"] = "eight"
+    bad.write_text(yaml.safe_dump(record))
+    with pytest.raises(InputError, match=r"bad.yaml: field 'system.gpus': Input should be a valid integer"):
+        read_provenance(bad)
+    data["tables"]["gemm_perf"]["rows"] = 5
     data["schema_version"] = 3
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match="schema_version"):

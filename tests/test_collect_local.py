@@ -57,10 +57,18 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
         ("cpu/gemm/torch", "gemm/vllm/0.24.0/gemm_perf.parquet"),
         ("cpu/attention/torch", "attention/sglang/0.5.14/context_attention_perf.parquet"),
         ("cpu/attention/torch", "attention/sglang/0.5.14/generation_attention_perf.parquet"),
+        ("cpu/comm/nccl", "comm/nccl/2.29.2/nccl_perf.parquet"),  # NCCL's table under its (gloo) version
     ):
         [path] = list((tables / ours).glob(f"*/{Path(theirs).name}"))
         mine, ref = pq.read_schema(path), pq.read_schema(REFERENCE / theirs)
         assert [(f.name, f.type) for f in mine][: len(ref)] == [(f.name, f.type) for f in ref]
+    # an aiconfigurator systems root: the system spec beside its directory, only tables and their
+    # collection_meta.yaml in a version directory, our extras in its .opcollect/
+    assert (tables / "cpu.yaml").is_file()
+    for meta in tables.rglob("collection_meta.yaml"):
+        files = {p.name for p in meta.parent.iterdir() if p.is_file()}
+        assert files - {"collection_meta.yaml"} and all(n.endswith("_perf.parquet") for n in files - {meta.name})
+        assert (meta.parent / ".opcollect" / "provenance.yaml").is_file()
     assert "tables in" in done.stdout and "0 violations" in done.stdout
     # a second collect of the same plan resumes: nothing left to measure
     again = run_cli(

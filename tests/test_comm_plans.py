@@ -2,7 +2,8 @@
 
 message_size counts elements of the dtype, as the reference; the four collectives and two dtypes are
 planned with the reference's sizes; custom_allreduce carries its graph/eager variant in the key; the torch
-CPU comm plan runs for real on gloo; gloo's one gap (fp8) is a skip; merge writes the reference's columns.
+CPU comm plan runs for real on gloo; gloo's one gap (fp8) is a skip; merge writes the reference's columns,
+NCCL's table under comm/nccl/<NCCL version>/ (on the CPU gloo-<torch version>), as the consumer reads it.
 """
 
 from __future__ import annotations
@@ -214,9 +215,16 @@ def test_the_torch_cpu_comm_plan_runs_for_real(tmp_path):
     assert Counter(r["case_id"].split(",")[0].split("=")[1] for r in records) == {op: 6 for op in COLLECTIVES}
     tables = tmp_path / "tables"
     merge([out], tables, find_project())
-    [path] = list(tables.glob("cpu/comm/torch/*/nccl_perf.parquet"))
-    perf = pq.read_table(path)
+    import torch
+
+    gloo = f"gloo-{torch.__version__.split('+')[0]}"  # the NCCL version the torch backend reports on the CPU
+    assert [p.relative_to(tables).as_posix() for p in tables.rglob("nccl_perf.parquet")] == [
+        f"cpu/comm/nccl/{gloo}/nccl_perf.parquet"
+    ]
+    perf = pq.read_table(tables / f"cpu/comm/nccl/{gloo}/nccl_perf.parquet")
     assert set(perf["op_name"].to_pylist()) == COLLECTIVES and set(perf["nccl_dtype"].to_pylist()) == {"half", "int8"}
+    assert set(perf["version"].to_pylist()) == {gloo}
+    assert yaml.safe_load((tables / "cpu.yaml").read_text())["misc"]["nccl_version"] == gloo
     assert not list(tables.glob("**/custom_allreduce_perf.parquet"))
     assert [f for f in check_tables(tables) if not f.warning] == []
 
@@ -246,7 +254,7 @@ def test_merge_of_custom_allreduce_and_nccl_runs_writes_the_reference_columns(tm
     written = {w.path: w.rows for w in merge(runs, tables, find_project())}
     assert written == {
         "h200_sxm/comm/vllm/0.24.0/custom_allreduce_perf.parquet": 8,
-        "h200_sxm/comm/vllm/0.24.0/nccl_perf.parquet": 8,
+        "h200_sxm/comm/nccl/2.26.2/nccl_perf.parquet": 8,  # NCCL's, whoever collected it
         "h200_sxm/comm/trtllm/1.3.0rc20/custom_allreduce_perf.parquet": 4,
     }
     extras = ["latency_p25", "latency_p75", "samples", "noise", "timing", "case_id"]
@@ -259,12 +267,15 @@ def test_merge_of_custom_allreduce_and_nccl_runs_writes_the_reference_columns(tm
         extra = reference[-1][0]
         variants = {"vllm": {"vllm_graph", "vllm_eager"}, "trtllm": {"trtllm"}}[backend]
         assert set(perf[extra].to_pylist()) == variants
-    nccl = pq.read_table(tables / "h200_sxm/comm/vllm/0.24.0/nccl_perf.parquet")
+    assert not (tables / "h200_sxm/comm/vllm/0.24.0/nccl_perf.parquet").exists()
+    nccl = pq.read_table(tables / "h200_sxm/comm/nccl/2.26.2/nccl_perf.parquet")
     reference = pq.read_schema(REFERENCE / "comm/nccl/2.29.2/nccl_perf.parquet")
     assert [(f.name, f.type) for f in nccl.schema][: len(reference)] == [(f.name, f.type) for f in reference]
     rows = nccl.to_pylist()
     assert {r["op_name"] for r in rows} == COLLECTIVES  # each row's op_name is its collective
     assert all(f"op_name={r['op_name']}," in r["case_id"] for r in rows)
+    assert {(r["framework"], r["version"]) for r in rows} == {("VLLM", "2.26.2")}  # the version is NCCL's
+    assert yaml.safe_load((tables / "h200_sxm.yaml").read_text())["misc"]["nccl_version"] == "2.26.2"
     # R1-R6 hold: the graph and eager rows of one size are distinct keys (R2), op_name matches the case (R6)
     assert [f for f in check_tables(tables) if not f.warning] == []
     # merging again over the stored tables reads TRT-LLM's implementation column back
@@ -276,7 +287,7 @@ def test_check_flags_an_op_name_other_than_the_case_s(tmp_path):
     run = fake_run(tmp_path / "nccl", _nccl_cases(), op="comm")
     tables = tmp_path / "tables"
     merge([run], tables, find_project())
-    path = tables / "h200_sxm/comm/vllm/0.24.0/nccl_perf.parquet"
+    path = tables / "h200_sxm/comm/nccl/2.26.2/nccl_perf.parquet"
     perf = pq.read_table(path)
     names = perf["op_name"].to_pylist()
     swapped = pa.array(["all_reduce" if n == "all_gather" else n for n in names], pa.string())

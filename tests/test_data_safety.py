@@ -15,6 +15,7 @@ from conftest import ROOT, fake_run, run_cli
 
 from opcollect.plans.gemm import GemmCase
 from opcollect.runtime.rundir import read_records
+from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.sidecar import read_sidecar
 from opcollect.tables.verify import verify_tables
 
@@ -59,7 +60,7 @@ def test_concurrent_merges_into_one_tables_keep_both_runs(tmp_path):
         assert list(codes) == [0, 0], round_
         assert _ids(tables) == expected, round_
         assert verify_tables(tables).clean
-        events = read_sidecar(tables / "h200_sxm/gemm/vllm/0.24.0/collection_meta.yaml").tables["gemm_perf"].events
+        events = read_provenance(tables / "h200_sxm/gemm/vllm/0.24.0" / PROVENANCE).tables["gemm_perf"].events
         assert sorted(e.run_id for e in events) == ["left", "right"]
 
 
@@ -151,7 +152,7 @@ def test_garbage_shard_lines_are_counted_in_the_output_and_the_sidecar(tmp_path)
     done = run_cli("merge", str(run), "--into", str(tables))
     assert done.returncode == 0, done.stderr
     assert f"{run}: skipped 4 garbage shard lines" in done.stdout
-    [event] = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].events
+    [event] = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].events
     assert event.garbage_lines == 4 and len(_ids(tables)) == len(LEFT)
 
 
@@ -182,9 +183,10 @@ def test_shards_have_their_own_identity_and_merge_like_one_run(tmp_path):
         pq.read_table(sharded / directory / "gemm_perf.parquet", columns=keys).to_pylist()
         == pq.read_table(single / directory / "gemm_perf.parquet", columns=keys).to_pylist()
     )
-    assert _ids(sharded, directory, "gemm_plan") == _ids(single, directory, "gemm_plan")
+    assert _ids(sharded, directory, ".opcollect/gemm_plan") == _ids(single, directory, ".opcollect/gemm_plan")
     meta = read_sidecar(sharded / directory / "collection_meta.yaml").tables["gemm_perf"]
     assert meta.status == "complete" and meta.rows == len(_ids(single, directory))
+    assert len(meta.collections) == 2  # one per shard's run
 
 
 def _edit_plan(path, change):

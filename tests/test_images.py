@@ -111,9 +111,10 @@ def test_containerized_smoke_collection_merges_checks_and_verifies(docker_client
     assert len(records) >= 20 and all(r["status"] == "ok" for r in records)
     assert "0 violations" in done.stdout
     assert run_cli("verify", str(tables)).returncode == 0
-    meta = (tables / "cpu/gemm/torch").glob("*/collection_meta.yaml")
-    text = next(meta).read_text()
-    assert f"image: {LOCAL}" in text and docker_client.images.get(LOCAL).id in text
+    [directory] = [p.parent for p in (tables / "cpu/gemm/torch").glob("*/collection_meta.yaml")]
+    for name in ("collection_meta.yaml", ".opcollect/provenance.yaml"):  # the consumer's, and our record
+        text = (directory / name).read_text()
+        assert f"image: {LOCAL}" in text and docker_client.images.get(LOCAL).id in text, name
     assert _leftovers(docker_client) == []
 
 

@@ -15,7 +15,9 @@ from conftest import REFERENCE, ROOT, fake_run, run_cli
 from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
+from opcollect.tables.consumer import CollectionMeta
 from opcollect.tables.merge import merge
+from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 from opcollect.tables.sidecar import read_sidecar
 from opcollect.tables.verify import verify_tables
@@ -33,12 +35,18 @@ def test_layout_columns_and_sidecar(tmp_path):
     tables = tmp_path / "tables"
     [written] = merge([run], tables, find_project())
     assert written.path == f"{DIR}/gemm_perf.parquet" and (written.rows, written.failures) == (5, 1)
+    # the consumer takes every non-dot file of a version directory for a table: our extras are in .opcollect/
     assert sorted(p.name for p in (tables / DIR).iterdir()) == [
+        ".opcollect",
         "collection_meta.yaml",
-        "gemm_failures.parquet",
         "gemm_perf.parquet",
-        "gemm_plan.parquet",
     ]
+    assert sorted(p.name for p in (tables / DIR / ".opcollect").iterdir()) == [
+        "gemm_failures.parquet",
+        "gemm_plan.parquet",
+        "provenance.yaml",
+    ]
+    assert (tables / "h200_sxm.yaml").is_file()  # the system spec the consumer opens the tree by
     perf = _perf(tables)
     reference = pq.read_table(REFERENCE / "gemm/vllm/0.24.0/gemm_perf.parquet").schema
     assert perf.schema.names[: len(reference.names)] == reference.names  # the reference columns lead, in order
@@ -59,14 +67,21 @@ def test_layout_columns_and_sidecar(tmp_path):
         "gemm",
     )
     assert pq.ParquetFile(tables / DIR / "gemm_perf.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
-    failures = pq.read_table(tables / DIR / "gemm_failures.parquet").to_pylist()
+    failures = pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet").to_pylist()
     assert failures[0]["error_class"] == "kernel_limit" and failures[0]["attempts"] == 1
-    meta = read_sidecar(tables / DIR / "collection_meta.yaml")
-    entry = meta.tables["gemm_perf"]
-    assert meta.schema_version == 2 and meta.system.name == "h200_sxm" and meta.system.sm == "90"
-    assert meta.runtime.cuda == "12.8" and meta.system.sm_clock_mhz == 1980.0
+    record = read_provenance(tables / DIR / PROVENANCE)
+    entry = record.tables["gemm_perf"]
+    assert record.schema_version == 1 and record.system.name == "h200_sxm" and record.system.sm == "90"
+    assert record.runtime.cuda == "12.8" and record.system.sm_clock_mhz == 1980.0
+    assert record.runtime.nccl_version == "2.26.2"
     assert entry.status == "complete" and (entry.rows, entry.failures) == (5, 1)
     assert [(e.run_id, e.rows, e.failures) for e in entry.events] == [("r1", 5, 1)]
+    meta = read_sidecar(tables / DIR / "collection_meta.yaml")  # the consumer's schema 2, nothing more
+    assert isinstance(meta, CollectionMeta) and meta.schema_version == 2
+    assert (meta.runtime.framework, meta.runtime.version) == ("vllm", "0.24.0")
+    [collection] = meta.tables["gemm_perf"].collections
+    assert (meta.tables["gemm_perf"].rows, meta.tables["gemm_perf"].status) == (5, "complete")
+    assert (collection.rows, collection.status, collection.collector_hash) == (5, "complete", entry.collector_hash)
     assert verify_tables(tables).clean
     assert [f for f in check_tables(tables) if not f.warning] == []
 
@@ -78,8 +93,15 @@ def test_row_order_is_sorted_and_merge_is_deterministic(tmp_path):
     merge([run], second, find_project())
     perf = _perf(first).to_pylist()
     assert [(r["m"], r["n"]) for r in perf] == sorted((r["m"], r["n"]) for r in perf)
-    for name in ("gemm_perf.parquet", "gemm_failures.parquet", "gemm_plan.parquet", "collection_meta.yaml"):
+    for name in (
+        "gemm_perf.parquet",
+        ".opcollect/gemm_failures.parquet",
+        ".opcollect/gemm_plan.parquet",
+        ".opcollect/provenance.yaml",
+        "collection_meta.yaml",
+    ):
         assert (first / DIR / name).read_bytes() == (second / DIR / name).read_bytes(), name
+    assert (first / "h200_sxm.yaml").read_bytes() == (second / "h200_sxm.yaml").read_bytes()
 
 
 def test_newer_event_replaces_rows_and_keeps_both_events(tmp_path):
@@ -103,8 +125,10 @@ def test_newer_event_replaces_rows_and_keeps_both_events(tmp_path):
     assert rows["gemm:bfloat16:m=1,n=7168,k=4096"] == 2.0  # a failure never replaces a measured row
     assert rows["gemm:bfloat16:m=4,n=7168,k=4096"] == 2.0  # untouched by the newer event
     assert len(rows) == len(CASES)
-    events = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].events
+    events = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].events
     assert [e.run_id for e in events] == ["old", "new"]
+    collections = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].collections
+    assert [c.collected_at[:10] for c in collections] == ["2026-11-01", "2026-11-02"]
     assert verify_tables(tables).clean
 
 
@@ -128,13 +152,15 @@ def test_shards_of_one_plan_merge_into_one_complete_table(tmp_path):
     )
     tables = tmp_path / "tables"
     merge([a], tables, find_project())
-    meta = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"]
+    meta = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"]
     assert meta.status == "partial" and meta.rows == 4
+    assert read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].status == "partial"
     r4 = [f for f in check_tables(tables) if f.rule == "R4"]
     assert r4 and r4[0].warning and "2 planned cases" in r4[0].message
     merge([a, b], tables, find_project())
-    meta = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"]
+    meta = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"]
     assert meta.status == "complete" and meta.rows == len(CASES)
+    assert read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].rows == len(CASES)
 
 
 def test_mixing_collector_hashes_is_refused(tmp_path):
@@ -161,6 +187,7 @@ def test_other_versions_and_systems_get_their_own_tables(tmp_path):
     )
     assert (tables / "h200_sxm/gemm/vllm/0.25.0/gemm_perf.parquet").is_file()
     assert (tables / "b200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet").is_file()
+    assert sorted(p.name for p in tables.glob("*.yaml")) == ["b200_sxm.yaml", "h200_sxm.yaml"]  # a spec per system
     unknown = fake_run(tmp_path / "d", CASES, device="NVIDIA H20", run_id="d")
     with pytest.raises(InputError, match="device 'NVIDIA H20' matches no systems"):
         merge([unknown], tables, find_project())

@@ -13,6 +13,7 @@ from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
 from opcollect.tables.compare import compare_tables
 from opcollect.tables.merge import merge
+from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 from opcollect.tables.schema import schema_for_op
 from opcollect.tables.sidecar import read_sidecar
@@ -66,9 +67,9 @@ def test_r1_notices_swapped_columns_in_the_failures_table(tables):
         names[i], names[j] = names[j], names[i]
         return t.select(names)
 
-    _rewrite(tables, "gemm_failures.parquet", swap)
+    _rewrite(tables, ".opcollect/gemm_failures.parquet", swap)
     [finding] = _findings(tables, "R1")
-    assert finding.path.endswith("gemm_failures.parquet")
+    assert finding.path.endswith(".opcollect/gemm_failures.parquet")
 
 
 def test_r3_notices_latency_above_p75(tables):
@@ -84,7 +85,7 @@ def test_r3_notices_latency_below_p25(tables):
 
 
 def test_r4_notices_a_failure_outside_the_plan(tables):
-    _rewrite(tables, "gemm_plan.parquet", lambda t: t.filter(pc.not_equal(t["case_id"], FAILED)))
+    _rewrite(tables, ".opcollect/gemm_plan.parquet", lambda t: t.filter(pc.not_equal(t["case_id"], FAILED)))
     findings = _findings(tables, "R4")
     assert [f.message for f in findings] == ["failures outside the plan"]
     assert findings[0].keys == (FAILED,)
@@ -92,32 +93,36 @@ def test_r4_notices_a_failure_outside_the_plan(tables):
 
 def test_r4_notices_a_row_outside_the_plan(tables):
     measured = "gemm:bfloat16:m=1,n=1024,k=1024"
-    _rewrite(tables, "gemm_plan.parquet", lambda t: t.filter(pc.not_equal(t["case_id"], measured)))
+    _rewrite(tables, ".opcollect/gemm_plan.parquet", lambda t: t.filter(pc.not_equal(t["case_id"], measured)))
     assert [(f.message, f.keys) for f in _findings(tables, "R4")] == [("rows outside the plan", (measured,))]
 
 
 def test_r4_notices_a_case_both_measured_and_failed(tables):
     measured = "gemm:bfloat16:m=1,n=1024,k=1024"
-    _rewrite(tables, "gemm_failures.parquet", lambda t: _set(t, "case_id", pa.array([measured] * t.num_rows)))
+    _rewrite(
+        tables, ".opcollect/gemm_failures.parquet", lambda t: _set(t, "case_id", pa.array([measured] * t.num_rows))
+    )
     messages = [f.message for f in _findings(tables, "R4")]
     assert "cases both measured and failed" in messages
 
 
-def _edit_sidecar(tables, change):
-    path = tables / DIR / "collection_meta.yaml"
+def _edit_sidecar(tables, change, name=PROVENANCE):
+    path = tables / DIR / name
     data = yaml.safe_load(path.read_text())
     change(data["tables"]["gemm_perf"])
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def test_r5_notices_a_wrong_failure_count(tables):
-    _edit_sidecar(tables, lambda t: t.update(failures=t["failures"] + 1))
+    _edit_sidecar(tables, lambda t: t.update(failures=t["failures"] + 1))  # the record alone counts failures
     [finding] = _findings(tables, "R5")
     assert "5 rows/1 failures, sidecar says 5/2" in finding.message
 
 
 def test_r5_notices_a_wrong_row_count(tables):
+    # both files edited alike: collection_meta.yaml says what the record makes, and the files disagree
     _edit_sidecar(tables, lambda t: t.update(rows=t["rows"] - 1))
+    _edit_sidecar(tables, lambda t: t.update(rows=t["rows"] - 1), name="collection_meta.yaml")
     [finding] = _findings(tables, "R5")
     assert "sidecar says 4/1" in finding.message
 
@@ -143,7 +148,7 @@ def _rows(tables):
 
 
 def _failures(tables):
-    return {r["case_id"]: r for r in pq.read_table(tables / DIR / "gemm_failures.parquet").to_pylist()}
+    return {r["case_id"]: r for r in pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet").to_pylist()}
 
 
 def test_a_newer_measurement_replaces_an_older_one_and_a_failure_never_does(tmp_path):
@@ -182,6 +187,7 @@ def test_a_table_with_unrecorded_cases_is_partial(tmp_path):
     assert written.status == "partial"
     meta = read_sidecar(tables / DIR / "collection_meta.yaml")
     assert meta.tables["gemm_perf"].status == "partial"
+    assert read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].status == "partial"
     findings = check_tables(tables)
     assert [f.rule for f in findings if not f.warning] == []
     assert [(f.rule, f.keys) for f in findings if f.warning] == [("R4", (FAILED,))]
@@ -193,8 +199,10 @@ def test_sidecar_events_count_each_runs_rows_and_failures(tmp_path):
     tables = tmp_path / "tables"
     run = fake_run(tmp_path / "r", CASES, status={FAILED: "oom", "gemm:bfloat16:m=1,n=1024,k=1024": "timeout"})
     merge([run], tables, find_project())
-    [event] = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].events
+    [event] = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].events
     assert (event.run_id, event.rows, event.failures) == ("r1", 4, 2)
+    [collection] = read_sidecar(tables / DIR / "collection_meta.yaml").tables["gemm_perf"].collections
+    assert collection.rows == 4
 
 
 # -- compare ---------------------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def cmd_base_image(args) -> int:
 
 
 def _add_merge(sub) -> None:
-    p = sub.add_parser("merge", help="merge run directories into tables with sidecars and a manifest")
+    p = sub.add_parser("merge", help="merge run directories into an aiconfigurator systems root with a manifest")
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument("--into", type=Path, required=True, metavar="TABLES")
     p.add_argument(
@@ -328,7 +328,7 @@ def cmd_check(args) -> int:
 
 
 def _add_verify(sub) -> None:
-    p = sub.add_parser("verify", help="recompute every sha256 against manifest.json and the sidecars")
+    p = sub.add_parser("verify", help="recompute every sha256 against manifest.json and the provenance records")
     p.add_argument("tables", type=Path, metavar="TABLES")
     p.set_defaults(func=cmd_verify)
 

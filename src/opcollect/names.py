@@ -16,6 +16,14 @@ GPU_SMS = ("80", "86", "89", "90", "100", "103", "120")
 SMS = (*GPU_SMS, "cpu")
 # the `framework` column of the tables, as the aiconfigurator reference writes it
 FRAMEWORK_NAMES = {"torch": "Torch", "vllm": "VLLM", "sglang": "SGLang", "trtllm": "TRTLLM"}
+# where one table's reference rows name the framework otherwise: vLLM's own all-reduce says 'vLLM'
+_TABLE_FRAMEWORK_NAMES = {("vllm", "custom_allreduce_perf"): "vLLM"}
+
+
+def framework_name(backend: str, table: str) -> str:
+    """The `framework` column of ``backend``'s rows in ``table``, as the reference writes it."""
+    return _TABLE_FRAMEWORK_NAMES.get((backend, table), FRAMEWORK_NAMES.get(backend, backend))
+
 
 # letters, digits and ._+- with no leading dot: never '..', never a hidden file, never a separator
 _PATH_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}")

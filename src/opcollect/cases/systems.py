@@ -9,11 +9,12 @@ from pydantic import Field
 
 from opcollect.cases.grids import SM, Frozen, PosInt
 from opcollect.errors import InputError
+from opcollect.tables.consumer import SystemSpec
 from opcollect.yamlio import load_typed
 
 
 class System(Frozen):
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     name: str = Field(pattern=r"^[a-z0-9_]+$")
     devices: list[str] = Field(min_length=1, description="device names as nvidia-smi reports them")
     sm: SM
@@ -22,6 +23,7 @@ class System(Frozen):
     l2_bytes: PosInt
     dense_tflops: dict[str, float] = Field(min_length=1)
     gpus_per_node: PosInt
+    aiconfigurator: SystemSpec = Field(description="the consumer's system spec: TABLES/<name>.yaml")
 
 
 def load_systems(systems_dir: Path) -> dict[str, System]:

@@ -1,7 +1,7 @@
 """What the runtime asks of a backend, and what a backend hands back.
 
 A backend is a module (``opcollect.backends.<name>``) with:
-  identity(device) -> dict          framework, version, python, torch, cuda, driver, device name
+  identity(device) -> dict          framework, version, python, torch, cuda, driver, nccl_version, device name
   setup_worker(device, threads)     select the device, set thread counts; called once per worker
   free_memory(device) -> int        bytes a case may still allocate
   footprint(op, case) -> int        bytes one measurement of the case allocates with one input set

@@ -30,6 +30,7 @@ RUNTIME_FIELDS = (
     "torch",
     "cuda",
     "driver",
+    "nccl_version",
     "device",
     "host",
     "worker_device",

@@ -2,7 +2,10 @@
 
 Per (system, backend, framework version) and op: the latest record per case wins (a measured row is
 never replaced by a failure), merged over what TABLES already holds; both old and new events stay in
-the sidecar. Mixing collector hashes in one table is refused; systems and versions are directories.
+the provenance record. Mixing collector hashes in one table is refused; systems and versions are
+directories. TABLES is an aiconfigurator systems root (tables/consumer.py): ``<system>.yaml`` beside each
+system's directory, NCCL under ``comm/nccl/<NCCL version>/``, the consumer's collection_meta.yaml per
+version directory, and our extras in its ``.opcollect/`` (tables/provenance.py).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import pyarrow.parquet as pq
 from opcollect.cases.systems import System as SystemSpec
 from opcollect.cases.systems import load_systems, system_for_device
 from opcollect.errors import InputError
-from opcollect.names import FRAMEWORK_NAMES, path_name
+from opcollect.names import framework_name, path_name
 from opcollect.plans.hashes import collector_hash
 from opcollect.project import ProjectTree
-from opcollect.tables import sidecar as sc
+from opcollect.tables import consumer
+from opcollect.tables import provenance as pv
 from opcollect.tables.candidates import latest_per_case, new_candidates, old_candidates, unique_planned
 from opcollect.tables.ingest import RunData, load_run
 from opcollect.tables.schema import TableSchema, read_parquet, schema_for_op, table_files
@@ -39,9 +43,17 @@ class Target:
     backend: str
     version: str
     device: str
+    nccl_version: str | None  # as the workers' probe reported it
 
-    def directory(self, family: str) -> str:
-        return f"{self.system.name}/{family}/{self.backend}/{self.version}"
+    def directory(self, schema: TableSchema) -> str:
+        if schema.name == consumer.NCCL_TABLE:
+            if self.nccl_version is None:
+                raise InputError(
+                    f"{self.backend} {self.version}: its workers reported no nccl_version, and nccl_perf lives "
+                    "under comm/nccl/<nccl_version>/; re-run the comm cases with this collector"
+                )
+            return consumer.nccl_directory(self.system.name, self.nccl_version)
+        return consumer.version_directory(self.system.name, schema.op.family, self.backend, self.version)
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,10 @@ def _target(run: RunData, systems: dict[str, SystemSpec]) -> Target:
     if len(identities) > 1:
         raise InputError(f"{run.run_dir}: mixes devices/versions {sorted(identities)}; merge runs of one system")
     device, version = identities.pop()
+    nccl = {r.get("nccl_version") for r in run.runtimes.values()}
+    if len(nccl) > 1:
+        raise InputError(f"{run.run_dir}: its workers report NCCL versions {sorted(map(str, nccl))}; run one image")
+    nccl_version = nccl.pop()
     system = system_for_device(systems, device)
     if system is None:
         raise InputError(f"{run.run_dir}: device {device!r} matches no systems/*.yaml; add it to that system's devices")
@@ -66,14 +82,16 @@ def _target(run: RunData, systems: dict[str, SystemSpec]) -> Target:
     path_name(system.name, f"systems/{system.name}.yaml: field 'name'")
     path_name(run.backend, f"{run.run_dir / 'run.json'}: field 'backend'")
     path_name(version, f"{run.run_dir / 'shards'}: runtime field 'version'")
-    return Target(system, run.backend, version, device)
+    if nccl_version is not None:
+        path_name(nccl_version, f"{run.run_dir / 'shards'}: runtime field 'nccl_version'")
+    return Target(system, run.backend, version, device, nccl_version)
 
 
 def _leading(target: Target, schema: TableSchema, table: pa.Table) -> dict:
     n = table.num_rows
     return {
-        "framework": pa.array([FRAMEWORK_NAMES.get(target.backend, target.backend)] * n, pa.string()),
-        "version": pa.array([target.version] * n, pa.string()),
+        "framework": pa.array([framework_name(target.backend, schema.name)] * n, pa.string()),
+        "version": pa.array([consumer.row_version(schema.name, target.version, target.nccl_version)] * n, pa.string()),
         "device": pa.array([target.device] * n, pa.string()),
         # comm's cases carry their collective; every other op has one op_name
         "op_name": table["op_name"] if schema.op.op_name is None else pa.array([schema.op.op_name] * n, pa.string()),
@@ -121,7 +139,7 @@ def _collector_ref(tree: ProjectTree | None, wanted: str) -> str | None:
     return tree.git("rev-parse", "HEAD")
 
 
-def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[sc.Event]:
+def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[pv.Event]:
     counts: dict[tuple[str, bool], int] = defaultdict(int)
     if chosen_new.num_rows:
         grouped = chosen_new.group_by(["run_id", "ok"]).aggregate([("case_id", "count")])
@@ -133,7 +151,7 @@ def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[sc.Event
             continue
         for e in run.events:
             events.append(
-                sc.Event(
+                pv.Event(
                     run_id=e["run_id"],
                     collected_at=e["collected_at"],
                     finished_at=e["finished_at"],
@@ -150,12 +168,13 @@ def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[sc.Event
     return events
 
 
-def _runtime(target: Target, runs: list[RunData]) -> sc.Runtime:
+def _runtime(target: Target, runs: list[RunData]) -> pv.Runtime:
     identity = next(iter(runs[-1].runtimes.values()))
     latest = max((e for run in runs for e in run.events), key=lambda e: e["collected_at"], default={})
-    return sc.Runtime(
+    return pv.Runtime(
         framework=target.backend,
         version=target.version,
+        nccl_version=target.nccl_version,
         image=latest.get("image"),
         image_digest=latest.get("image_digest"),
         python=identity.get("python"),
@@ -182,6 +201,11 @@ def merge(
     for run in runs:
         target = _target(run, systems)
         key = (target.system.name, target.backend, target.version)
+        if key in targets and targets[key].nccl_version != target.nccl_version:
+            raise InputError(
+                f"{run.run_dir}: NCCL {target.nccl_version}, other runs of {target.backend} {target.version} on "
+                f"{target.system.name} NCCL {targets[key].nccl_version}; merge them into separate TABLES"
+            )
         targets[key] = target
         groups[key].append(run)
     check_into(tables, verify=False)  # a file or a foreign directory: refused before the lock file appears
@@ -191,6 +215,7 @@ def merge(
         staging = Staging(tables)
         written: list[TableWritten] = []
         try:
+            nccl_written: dict[str, str] = {}  # system -> the NCCL version whose table this merge wrote
             for key, members in groups.items():
                 hashes = {r.collector_hash for r in members}
                 if len(hashes) > 1:
@@ -199,12 +224,26 @@ def merge(
                         + ", ".join(f"{r.collector_hash[:12]} ({r.run_dir})" for r in members)
                         + "; merge them into separate TABLES"
                     )
-                written += _merge_target(targets[key], members, hashes.pop(), tables, staging, tree)
+                found = _merge_target(targets[key], members, hashes.pop(), tables, staging, tree, say)
+                written += found
+                if any(t.path.endswith(f"/{consumer.NCCL_TABLE}.parquet") for t in found):
+                    nccl_written[key[0]] = targets[key].nccl_version
+            for target in {t.system.name: t for t in targets.values()}.values():
+                _write_system_spec(target, nccl_written.get(target.system.name), tables, staging)
             staging.commit()
         except BaseException:
             staging.abandon()
             raise
     return written
+
+
+def _write_system_spec(target: Target, nccl_written: str | None, tables: Path, staging: Staging) -> None:
+    """``<system>.yaml``: misc.nccl_version names the NCCL table this merge wrote, else the one it named."""
+    name = target.system.name
+    old = tables / f"{name}.yaml"
+    nccl_version = nccl_written or (consumer.spec_nccl_version(old.read_text()) if old.is_file() else None)
+    text = consumer.system_spec_yaml(name, target.system.aiconfigurator, nccl_version or target.nccl_version)
+    staging.write(f"{name}.yaml", text.encode())
 
 
 def _merge_table(
@@ -213,17 +252,17 @@ def _merge_table(
     op: str,
     tables: Path,
     staging: Staging,
-    previous: sc.TableMeta | None,
+    previous: pv.TableMeta | None,
     digest: str,
     collector_ref: str | None,
-) -> tuple[sc.TableMeta, TableWritten]:
+) -> tuple[pv.TableMeta, TableWritten]:
     """One table: choose the rows, write perf, failures and plan into staging, and describe it."""
     schema = schema_for_op(op, target.backend)
-    directory = target.directory(schema.op.family)
+    directory = target.directory(schema)
     old_dir = tables / directory
     if previous is not None and previous.collector_hash != digest:
         raise InputError(
-            f"{old_dir / sc.SIDECAR}: {schema.name} holds collector_hash {previous.collector_hash}, "
+            f"{old_dir / pv.PROVENANCE}: {schema.name} holds collector_hash {previous.collector_hash}, "
             f"the runs have {digest}; merge into another TABLES or re-collect"
         )
     new = pa.concat_tables([new_candidates(r, op, schema) for r in runs if op in r.plan_cases])
@@ -258,7 +297,7 @@ def _merge_table(
     status = "complete" if pc.all(pc.is_in(planned["case_id"], value_set=done)).as_py() in (True, None) else "partial"
     events = {e.run_id: e for e in (previous.events if previous else [])}
     events.update({e.run_id: e for e in new_events})
-    meta = sc.TableMeta(
+    meta = pv.TableMeta(
         file_sha256=hashlib.sha256(perf_bytes).hexdigest(),
         rows=perf.num_rows,
         failures=failures.num_rows,
@@ -272,32 +311,51 @@ def _merge_table(
     return meta, TableWritten(f"{directory}/{perf_name}", perf.num_rows, failures.num_rows, status)
 
 
+def _owner(record: pv.Provenance | None, target: Target) -> str | None:
+    """Who else's NCCL table a directory holds: NCCL's is one per system and NCCL version."""
+    if record is None or (record.runtime.framework, record.runtime.version) == (target.backend, target.version):
+        return None
+    return f"{record.runtime.framework} {record.runtime.version}"
+
+
 def _merge_target(
-    target: Target, runs: list[RunData], digest: str, tables: Path, staging: Staging, tree: ProjectTree | None
+    target: Target,
+    runs: list[RunData],
+    digest: str,
+    tables: Path,
+    staging: Staging,
+    tree: ProjectTree | None,
+    say: Callable[[str], None],
 ) -> list[TableWritten]:
-    by_family: dict[str, list[str]] = defaultdict(list)
+    by_directory: dict[str, list[str]] = defaultdict(list)
     # an op no run planned a case of (custom_allreduce for torch, every case skipped) makes no empty table
     for op in dict.fromkeys(op for run in runs for op, planned in run.plan_cases.items() if planned.num_rows):
-        by_family[schema_for_op(op).op.family].append(op)
+        by_directory[target.directory(schema_for_op(op))].append(op)
     collector_ref = _collector_ref(tree, digest)
     written = []
-    for family, family_ops in by_family.items():
-        directory = target.directory(family)
-        sidecar_path = tables / directory / sc.SIDECAR
-        old_meta = sc.read_sidecar(sidecar_path) if sidecar_path.is_file() else None
-        table_meta = dict(old_meta.tables) if isinstance(old_meta, sc.SidecarV2) else {}
-        for op in family_ops:
+    for directory, directory_ops in by_directory.items():
+        record_path = tables / directory / pv.PROVENANCE
+        old = pv.read_provenance(record_path) if record_path.is_file() else None
+        owner = _owner(old, target) if directory_ops == ["comm"] else None
+        if owner is not None:
+            say(
+                f"{directory}: keeps the nccl_perf {owner} collected; NCCL is one table per system and NCCL "
+                f"version, so {target.backend} {target.version}'s comm cases are not merged (its run "
+                "directories keep them)"
+            )
+            continue
+        table_meta = dict(old.tables) if old is not None else {}
+        for op in directory_ops:
             name = schema_for_op(op).name
             table_meta[name], table = _merge_table(
                 target, runs, op, tables, staging, table_meta.get(name), digest, collector_ref
             )
             written.append(table)
         clock = [c for r in runs for c in r.records["stats.sm_clock_mhz"].to_pylist() if c is not None]
-        meta = sc.SidecarV2(
-            schema_version=2,
-            provenance="collected",
+        record = pv.Provenance(
+            schema_version=1,
             runtime=_runtime(target, runs),
-            system=sc.System(
+            system=pv.System(
                 name=target.system.name,
                 device=target.device,
                 sm=target.system.sm,
@@ -307,5 +365,7 @@ def _merge_target(
             ),
             tables=dict(sorted(table_meta.items())),
         )
-        staging.write(f"{directory}/{sc.SIDECAR}", sc.dump_sidecar(meta).encode())
+        staging.write(f"{directory}/{pv.PROVENANCE}", pv.dump_provenance(record).encode())
+        sidecar = consumer.dump_collection_meta(pv.collection_meta(record))
+        staging.write(f"{directory}/{consumer.SIDECAR}", sidecar.encode())
     return written

@@ -5,8 +5,12 @@ R2 keys     no two rows share a key
 R3 values   no nulls; latency finite and positive; p25 <= latency <= p75
 R4 account  every planned case is a row or a failure (a partial table's gaps are warnings), once,
             and nothing outside the plan is present
-R5 prov.    the sidecar (and manifest.json, when present) validates, and its hashes and counts match the files
-R6 identity every row's framework, version, device and op_name match the sidecar
+R5 prov.    collection_meta.yaml validates against the consumer's schema and says what our record
+            (.opcollect/provenance.yaml) makes of it, which lists every file the consumer takes for a table;
+            the record's hashes and counts match the files; manifest.json (when present) validates; each
+            system has the spec the consumer opens, naming an NCCL directory that exists
+R6 identity every row's framework, version, device and op_name match the record, and in a framework's
+            tables every dtype column names a value the consumer knows (the torch backend's: a warning)
 R7 noise    rows noisier than the bound are counted: a warning, a failure with --strict
 Legacy (schema 1) sidecars, like the reference tables', have no plan, hashes or identity: R1 checks their
 leading columns and latency, then R2 and R3 (latency) apply.
@@ -21,11 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opcollect.errors import InputError
-from opcollect.names import FRAMEWORK_NAMES
+from opcollect.names import framework_name
+from opcollect.tables import consumer
+from opcollect.tables import provenance as pv
 from opcollect.tables import sidecar as sc
 from opcollect.tables.schema import TableSchema, read_parquet, schemas, table_files
 from opcollect.tables.store import MANIFEST, sha256_file
 from opcollect.tables.verify import read_manifest_files
+from opcollect.yamlio import read_yaml, validate
 
 NOISE_BOUND = 0.05
 MAX_KEYS = 10
@@ -135,16 +142,34 @@ def _r4(path: Path, perf: pa.Table, failures: pa.Table, planned: pa.Table, parti
     return found
 
 
-def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: float) -> list[Finding]:
+def _check_v2(directory: Path, meta: consumer.CollectionMeta, strict: bool, noise_bound: float) -> list[Finding]:
+    record_path = directory / pv.PROVENANCE
+    if not record_path.is_file():
+        return [Finding("R5", str(directory), f"no {pv.PROVENANCE}; restore it, or merge the runs into a new TABLES")]
+    try:
+        record = pv.read_provenance(record_path)
+        pv.check_sidecar_matches(directory / sc.SIDECAR, meta, record)
+    except InputError as exc:
+        path, _, message = str(exc).partition(": ")
+        return [Finding("R5", path, message)]
     found: list[Finding] = []
-    for name, entry in meta.tables.items():
-        schema = schemas(meta.runtime.framework).get(name)
+    uncovered = sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.is_file() and consumer.read_as_table(p.name) and consumer.stem(p.name) not in meta.tables
+    )
+    if uncovered:
+        found.append(
+            Finding("R5", str(directory), f"taken for tables by the consumer, not in {sc.SIDECAR}", tuple(uncovered))
+        )
+    for name, entry in record.tables.items():
+        schema = schemas(record.runtime.framework).get(name)
         if schema is None:
-            found.append(Finding("R5", str(directory / sc.SIDECAR), f"unknown table {name!r}"))
+            found.append(Finding("R5", str(record_path), f"unknown table {name!r}"))
             continue
         perf_name, failures_name, plan_name = table_files(name)
         paths = [directory / n for n in (perf_name, failures_name, plan_name)]
-        absent = [p.name for p in paths if not p.is_file()]
+        absent = [p.relative_to(directory).as_posix() for p in paths if not p.is_file()]
         if absent:
             found.append(Finding("R5", str(directory), f"{name}: missing files", tuple(absent)))
             continue
@@ -172,14 +197,16 @@ def _check_v2(directory: Path, meta: sc.SidecarV2, strict: bool, noise_bound: fl
                     f"{perf.num_rows} rows/{failures.num_rows} failures, sidecar says {entry.rows}/{entry.failures}",
                 )
             )
+        runtime = record.runtime
         found += _r6(
             path,
             perf,
             schema,
-            FRAMEWORK_NAMES.get(meta.runtime.framework, meta.runtime.framework),
-            meta.runtime.version,
-            meta.system.device,
+            framework_name(runtime.framework, name),
+            consumer.row_version(name, runtime.version, runtime.nccl_version),
+            record.system.device,
         )
+        found += _known_values(path, perf, warning=runtime.framework == "torch")
         noisy = pc.greater(perf["noise"], noise_bound)
         if pc.any(noisy).as_py():
             found.append(
@@ -217,6 +244,44 @@ def _r6(
     return found
 
 
+def _known_values(path: Path, perf: pa.Table, warning: bool) -> list[Finding]:
+    """R6: a dtype value the consumer has no quant mode for drops the whole op from its support matrix."""
+    unknown = [
+        f"{column}={value}"
+        for column, known in consumer.KNOWN_VALUES.items()
+        if column in perf.column_names
+        for value in sorted(set(pc.unique(perf[column]).to_pylist()) - known)
+    ]
+    if not unknown:
+        return []
+    message = f"dtype values {consumer.CONSUMER} does not know"
+    return [Finding("R6", str(path), message, tuple(unknown), warning=warning)]
+
+
+def _system_specs(root: Path) -> list[Finding]:
+    """R5: every system directory of a merged tree has the spec the consumer opens it by."""
+    found = []
+    for directory in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
+        path = root / f"{directory.name}.yaml"
+        if not path.is_file():
+            found.append(Finding("R5", str(path), f"missing: the consumer cannot open {directory.name}; re-merge"))
+            continue
+        try:
+            spec = validate(str(path), read_yaml(path), consumer.SpecFile)
+        except InputError as exc:
+            found.append(Finding("R5", str(path), str(exc).split(": ", 1)[-1]))
+            continue
+        if spec.data_dir != directory.name:
+            found.append(Finding("R5", str(path), f"data_dir {spec.data_dir!r} is not {directory.name!r}; re-merge"))
+        nccl_version = spec.misc.nccl_version
+        present = sorted(p.name for p in (directory / "comm" / "nccl").glob("*") if p.is_dir())
+        if present and nccl_version not in present:
+            found.append(
+                Finding("R5", str(path), f"misc.nccl_version {nccl_version!r}: no such comm/nccl/", tuple(present))
+            )
+    return found
+
+
 def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
     found: list[Finding] = []
     for name in meta.tables:
@@ -247,13 +312,14 @@ def check_tables(root: Path, strict: bool = False, noise_bound: float = NOISE_BO
             read_manifest_files(root)
         except InputError as exc:
             found.append(Finding("R5", str(root / MANIFEST), str(exc).removeprefix(f"{root / MANIFEST}: ")))
+        found += _system_specs(root)
     for path in sidecars:
         try:
             meta = sc.read_sidecar(path)
         except InputError as exc:
             found.append(Finding("R5", str(path), str(exc).split(": ", 1)[-1]))
             continue
-        if isinstance(meta, sc.SidecarV2):
+        if isinstance(meta, consumer.CollectionMeta):
             found += _check_v2(path.parent, meta, strict, noise_bound)
         else:
             found += _check_v1(path.parent, meta)

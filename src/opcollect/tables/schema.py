@@ -127,10 +127,17 @@ def schema_for_op(op: str, backend: str | None = None) -> TableSchema:
     return TableSchema(OPS[op], backend)
 
 
+# our extras beside the tables, in a dot-directory the consumer does not read (tables/consumer.py)
+EXTRAS = ".opcollect"
+
+
 def table_files(table: str) -> tuple[str, str, str]:
-    """perf, failures and plan file names of a table: gemm_perf -> gemm_perf.parquet, ..."""
+    """perf, failures and plan files of a table, relative to its version directory.
+
+    gemm_perf -> gemm_perf.parquet, .opcollect/gemm_failures.parquet, .opcollect/gemm_plan.parquet
+    """
     stem = table[: -len("_perf")] if table.endswith("_perf") else table
-    return f"{table}.parquet", f"{stem}_failures.parquet", f"{stem}_plan.parquet"
+    return f"{table}.parquet", f"{EXTRAS}/{stem}_failures.parquet", f"{EXTRAS}/{stem}_plan.parquet"
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:

@@ -1,4 +1,4 @@
-"""`opcollect verify TABLES`: recompute every sha256 against manifest.json and the sidecars."""
+"""`opcollect verify TABLES`: recompute every sha256 against manifest.json and the provenance records."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import Field
 
 from opcollect.cases.grids import Frozen
 from opcollect.errors import InputError
-from opcollect.tables import sidecar as sc
+from opcollect.tables import provenance as pv
 from opcollect.tables.schema import table_files
 from opcollect.tables.store import MANIFEST, listed_files, sha256_file
 from opcollect.yamlio import not_utf8, validate
@@ -20,7 +20,7 @@ _MANIFEST_FIX = "restore it from a backup, or merge the runs into a new TABLES"
 
 
 class ManifestEntry(Frozen):
-    sha256: sc.Sha256
+    sha256: pv.Sha256
     size: int = Field(ge=0)
 
 
@@ -50,7 +50,7 @@ class VerifyReport:
     modified: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
-    sidecar: list[str] = field(default_factory=list)  # perf files whose sidecar file_sha256 disagrees
+    sidecar: list[str] = field(default_factory=list)  # perf files whose recorded file_sha256 disagrees
 
     @property
     def clean(self) -> bool:
@@ -84,14 +84,14 @@ def verify_tables(root: Path) -> VerifyReport:
             report.missing.append(rel)
         elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
             report.modified.append(rel)
-    for meta_path in sorted(root.rglob(sc.SIDECAR)):
+    for record_path in sorted(root.rglob(pv.PROVENANCE)):
+        directory = record_path.parent.parent
         try:
-            meta = sc.read_sidecar(meta_path)
+            record = pv.read_provenance(record_path)
         except InputError:
-            continue  # the manifest already reports an edited sidecar; check rule R5 explains it
-        if isinstance(meta, sc.SidecarV2):
-            for name, entry in meta.tables.items():
-                perf = meta_path.parent / table_files(name)[0]
-                if perf.is_file() and sha256_file(perf) != entry.file_sha256:
-                    report.sidecar.append(str(perf.relative_to(root)))
+            continue  # the manifest already reports an edited record; check rule R5 explains it
+        for name, entry in record.tables.items():
+            perf = directory / table_files(name)[0]
+            if perf.is_file() and sha256_file(perf) != entry.file_sha256:
+                report.sidecar.append(str(perf.relative_to(root)))
     return report

@@ -25,9 +25,21 @@ def identity(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "driver": _driver() if cuda else None,
+        "nccl_version": _nccl_version() if cuda else f"gloo-{torch.__version__.split('+')[0]}",
         "device": name if cuda else "cpu",
         "device_detail": None if cuda else _cpu_model(),
     }
+
+
+def _nccl_version() -> str | None:
+    """The NCCL torch.distributed runs, e.g. '2.26.2' (TABLES keeps nccl_perf under that version)."""
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
 
 
 def _driver() -> str | None:

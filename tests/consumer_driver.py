@@ -1,0 +1,120 @@
+"""Ask aiconfigurator-core what a systems root says: run by tests/test_consumer.py in the consumer's own venv.
+
+Usage: python consumer_driver.py REQUEST.json ANSWER.json. The request names the root, system, backend,
+version and a list of queries; the answer holds one {latency, source} per query, or {error} for the whole
+request. The database opens with strict provenance and without the shared layer, so every answer comes
+from the named version's own tables. This file imports only the consumer (and the standard library).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _op(query: dict):
+    from aiconfigurator_core.sdk import common
+    from aiconfigurator_core.sdk import operations as ops
+
+    kind = query["op"]
+    kv = common.KVCacheQuantMode[query["kv_cache_dtype"]] if "kv_cache_dtype" in query else None
+    if kind == "gemm":
+        op = ops.GEMM("q", 1, query["n"], query["k"], common.GEMMQuantMode[query["gemm_dtype"]])
+        return op, {"is_context": True, "batch_size": 1, "s": 1, "x": query["m"]}
+    if kind == "context_attention":
+        op = ops.ContextAttention(
+            "q",
+            1,
+            query["num_heads"],
+            query["num_key_value_heads"],
+            kv,
+            common.FMHAQuantMode[query["attn_dtype"]],
+            window_size=query["window_size"],
+            head_size=query["head_dim"],
+        )
+        return op, {"is_context": True, "batch_size": query["batch_size"], "s": query["isl"]}
+    if kind == "generation_attention":
+        op = ops.GenerationAttention(
+            "q",
+            1,
+            query["num_heads"],
+            query["num_key_value_heads"],
+            kv,
+            window_size=query["window_size"],
+            head_size=query["head_dim"],
+        )
+        return op, {"is_context": False, "batch_size": query["batch_size"], "s": query["isl"] + query["step"]}
+    if kind == "moe":
+        op = ops.MoE(
+            "q",
+            1,
+            query["hidden_size"],
+            query["inter_size"],
+            query["topk"],
+            query["num_experts"],
+            query["moe_tp_size"],
+            query["moe_ep_size"],
+            common.MoEQuantMode[query["moe_dtype"]],
+            query["distribution"],
+            1,
+            is_context=True,
+        )
+        return op, {"is_context": True, "batch_size": 1, "s": 1, "x": query["num_tokens"]}
+    if kind == "context_mla":
+        op = ops.ContextMLA("q", 1, query["num_heads"], kv, common.FMHAQuantMode[query["mla_dtype"]])
+        return op, {"is_context": True, "batch_size": query["batch_size"], "s": query["isl"]}
+    if kind == "generation_mla":
+        op = ops.GenerationMLA("q", 1, query["num_heads"], kv)
+        return op, {"is_context": False, "batch_size": query["batch_size"], "s": query["isl"] + query["step"]}
+    if kind == "nccl":
+        # one element per token: x tokens make a message of x elements
+        op = ops.NCCL("q", 1, query["op_name"], 1, query["num_gpus"], common.CommQuantMode[query["nccl_dtype"]])
+        return op, {"is_context": True, "batch_size": 1, "s": 1, "x": query["message_size"]}
+    if kind == "custom_allreduce":
+        op = ops.CustomAllReduce("q", 1, 1, query["num_gpus"])
+        return op, {"is_context": True, "batch_size": 1, "s": 1, "x": query["message_size"]}
+    raise ValueError(f"unknown query op {kind!r}")
+
+
+def answer(request: dict) -> dict:
+    from aiconfigurator_core.sdk import perf_database
+    from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
+
+    db = perf_database.get_database(
+        request["system"],
+        request["backend"],
+        request["version"],
+        systems_paths=[request["root"]],
+        strict_provenance=True,
+        shared_layer=False,
+    )
+    if db is None:
+        return {"error": "get_database returned None"}
+    handle = EngineHandle.for_database(db, systems_path=request["root"])
+    answers = []
+    for query in request["queries"]:
+        op, at = _op(query)
+        try:
+            [(_, latency, _, source)] = handle.evaluate_ops_json(build_ops_json([op]), **at)
+        except Exception as exc:  # the consumer's refusal is the answer to report
+            answers.append({"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        answers.append({"latency": latency, "source": source})
+    return {"answers": answers}
+
+
+def main() -> int:
+    request_path, answer_path = sys.argv[1:3]
+    with open(request_path) as handle:
+        request = json.load(handle)
+    try:
+        result = answer(request)
+    except Exception as exc:  # a strict-provenance refusal or a loader error: the test shows it
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    with open(answer_path, "w") as handle:
+        json.dump(result, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
