@@ -139,14 +139,14 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "case-id-drops-kv-cache-dtype",
-        "plans/base.py",
+        "runtime/planfile.py",
         "if name == dtype_field:",
         'if name.endswith("dtype"):',
         f"{PLANS}::test_every_case_id_names_every_non_dtype_field",
     ),
     m(
         "case-id-leading-comma",
-        "plans/base.py",
+        "runtime/planfile.py",
         'body += ("," if "=" in body else "") + f"{name}=%s"',
         'body += ("," if body else "") + f"{name}=%s"',
         f"{PLANS}::test_case_id_reads_as_documented",
@@ -544,14 +544,14 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "plan-ids-not-rederived",
-        "plans/planfile.py",
+        "runtime/planfile.py",
         "    if derived != ids:",
         "    if False:",
         f"{SAFETY}::test_an_edited_plan_file_is_refused",
     ),
     m(
         "plan-hash-not-recomputed",
-        "plans/planfile.py",
+        "runtime/planfile.py",
         "if shard is None and plan_hash(plan_header(backend, sm), lines, presorted=True) != whole:",
         "if False:",
         f"{SAFETY}::test_an_edited_plan_file_is_refused",

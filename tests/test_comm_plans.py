@@ -150,7 +150,7 @@ def test_custom_allreduce_is_not_planned_for_torch(planner):
 
     for sm in ("90", "cpu"):
         torch_ops = {op for op, selection in planner.plan("torch", sm).ops.items() if selection.ids}
-        assert "comm" in torch_ops and torch_ops <= set(RUNNERS)  # a runner for every op torch plans
+        assert "comm" in torch_ops and torch_ops <= RUNNERS.ops()  # a runner for every op torch plans
 
 
 def test_the_variant_is_part_of_the_custom_allreduce_key():

@@ -7,13 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from opcollect.backends.torch import attention, footprint, free_memory, measure, mla, moe  # noqa: E402  # noqa: E402
-from opcollect.backends.torch.timing import rotation_copies  # noqa: E402
 from opcollect.plans.attention import AttentionCase  # noqa: E402
 from opcollect.plans.gemm import GemmCase  # noqa: E402
 from opcollect.plans.mla import MlaCase  # noqa: E402
 from opcollect.plans.moe import MoeCase  # noqa: E402
 from opcollect.runtime.contract import KernelLimit  # noqa: E402
 from opcollect.runtime.harness import TimingConfig  # noqa: E402
+from opcollect.runtime.timing import rotation_copies  # noqa: E402
 
 QUICK = TimingConfig(max_noise=0.2, min_samples=3, max_case_seconds=0.02, warmup_seconds=0.001)
 

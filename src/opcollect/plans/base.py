@@ -11,26 +11,12 @@ from functools import cached_property
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from opcollect.cases.profiles import ModelShapes
+from opcollect.runtime.planfile import id_template
 
 
 def sm_at_least(sm: str, minimum: int) -> bool:
     """True for a GPU SM at or above ``minimum``; the CPU has no SM."""
     return sm != "cpu" and int(sm) >= minimum
-
-
-def id_template(op: str, fields: Sequence[str], dtype_field: str, dtype: object) -> str:
-    """A %-template for ``op:<dtype>:field=value,...`` over every field but the dtype field.
-
-    The group's dtype is written into the prefix; its own slot in the value tuple prints nothing (%.0s),
-    so a raw value tuple formats directly, which is twice as fast as str.format.
-    """
-    body = ""
-    for name in fields:
-        if name == dtype_field:
-            body += "%.0s"
-        else:
-            body += ("," if "=" in body else "") + f"{name}=%s"
-    return f"{op}:{dtype}:{body}"
 
 
 @dataclass(eq=False)

@@ -14,13 +14,7 @@ from opcollect.cases.grids import CommGrid, CustomAllreduceGrid
 from opcollect.cases.profiles import ModelShapes
 from opcollect.names import BACKENDS
 from opcollect.plans.base import Group, OpPlan, make_groups
-
-ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "float32": 4, "int8": 1, "fp8": 1}
-
-
-def message_bytes(dtype: str, message_size: int) -> int:
-    """Bytes of a message of ``message_size`` elements of ``dtype``."""
-    return message_size * ELEMENT_BYTES[dtype]
+from opcollect.runtime.dtypes import message_bytes
 
 
 class CommCase(NamedTuple):

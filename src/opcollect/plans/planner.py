@@ -15,10 +15,11 @@ from opcollect.cases.sources import CaseSources, load_sources
 from opcollect.errors import InputError
 from opcollect.names import BACKENDS, SMS, sm_label
 from opcollect.plans import skips
-from opcollect.plans.base import Group, OpPlan, id_template
+from opcollect.plans.base import Group, OpPlan
 from opcollect.plans.hashes import canonical_lines, collector_hash, plan_hash, plan_header
 from opcollect.plans.ops import OPS
 from opcollect.project import ProjectTree
+from opcollect.runtime.planfile import Row, id_template
 
 SMOKE_CASES = 4
 
@@ -38,14 +39,6 @@ class PlanOptions:
             index, count = self.shard
             if count < 1 or not 0 <= index < count:
                 raise InputError(f"--shard {index}/{count}: need 0 <= i < N (shards are counted from 0)")
-
-
-class Row(NamedTuple):
-    """One task of the runtime: a batch of cases timed together (batch_rows), or one case."""
-
-    row_id: str
-    dispatch: str
-    case_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from opcollect.backends import load_backend
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
 from opcollect.plans.hashes import installed_collector_hash
-from opcollect.plans.planfile import PlanFile, read_plan
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.harness import TimingConfig
+from opcollect.runtime.planfile import PlanFile, read_plan
 from opcollect.runtime.pool import Pool, Task
 from opcollect.runtime.progress import Progress
 from opcollect.runtime.rundir import prepare_run_dir, recorded

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
-from opcollect.plans.planfile import PlanFile
+from opcollect.runtime.planfile import PlanFile
 from opcollect.runtime.shards import read_shard, shard_paths
 
 

@@ -16,11 +16,11 @@ import socket
 import sys
 
 from opcollect.backends import load_backend
-from opcollect.plans.ops import OPS
 from opcollect.runtime import lifeline
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.failures import classify
 from opcollect.runtime.harness import TimingConfig
+from opcollect.runtime.planfile import case_type
 
 # a case may use this share of the memory the device reports free
 CAPACITY_SHARE = 0.9
@@ -39,8 +39,7 @@ def check_capacity(backend, op: str, case, device: str) -> None:
 
 
 def run_task(backend, task: dict, device: str, config: TimingConfig) -> dict:
-    op = OPS[task["op"]]
-    cases = [op.case_type(**values) for values in task["cases"]]
+    cases = [case_type(task["op"], tuple(values))(**values) for values in task["cases"]]
     results: list[dict] = []
     fatal = False
     try:

@@ -6,8 +6,9 @@ import os
 import platform
 from functools import partial
 
-from opcollect.backends.torch import attention, comm, gemm, mla, moe, timing
-from opcollect.runtime.contract import KernelLimit, Measured
+from opcollect.backends.torch import attention, comm, gemm, mla, moe
+from opcollect.runtime import timing
+from opcollect.runtime.contract import ANY_DISPATCH, KernelLimit, Measured, Registry, Runner
 from opcollect.runtime.harness import TimingConfig
 
 FRAMEWORK = "torch"
@@ -85,26 +86,23 @@ def free_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-# per op: the bytes one measurement allocates, and the runner that prepares it for a number of input copies
-RUNNERS = {
-    "gemm": (gemm.footprint, gemm.prepare),
-    "attention_context": (partial(attention.footprint, context=True), partial(attention.prepare, context=True)),
-    "attention_generation": (partial(attention.footprint, context=False), partial(attention.prepare, context=False)),
-    "moe": (moe.footprint, moe.prepare),
-    "mla_context": (partial(mla.footprint, context=True), partial(mla.prepare, context=True)),
-    "mla_generation": (partial(mla.footprint, context=False), partial(mla.prepare, context=False)),
-    "comm": (comm.footprint, None),  # timed a whole row at a time by comm.measure_row
-}
-
-
-def _runner(op: str):
-    if op not in RUNNERS:
-        raise KernelLimit(f"the torch backend has no runner for op {op!r}")
-    return RUNNERS[op]
+RUNNERS = Registry(FRAMEWORK)
+# one runner per op serves every dispatch a torch plan emits: each runner reads the dispatch itself
+RUNNERS.add("gemm", Runner(gemm.footprint, gemm.prepare))
+for _context, _suffix in ((True, "context"), (False, "generation")):
+    RUNNERS.add(
+        f"attention_{_suffix}",
+        Runner(partial(attention.footprint, context=_context), partial(attention.prepare, context=_context)),
+    )
+    RUNNERS.add(
+        f"mla_{_suffix}", Runner(partial(mla.footprint, context=_context), partial(mla.prepare, context=_context))
+    )
+RUNNERS.add("moe", Runner(moe.footprint, moe.prepare))
+RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # one process group times a whole row
 
 
 def footprint(op: str, case) -> int:
-    return _runner(op)[0](case)
+    return RUNNERS.find(op, ANY_DISPATCH).footprint(case)
 
 
 _measured_cases = 0
@@ -112,13 +110,17 @@ _measured_cases = 0
 
 def measure(op: str, dispatch: str, cases: list, device: str, config: TimingConfig) -> list[Measured]:
     global _measured_cases
-    if op == "comm":
-        return comm.measure_row(cases, device, config)
+    runner = RUNNERS.find(op, dispatch)
+    if runner.measure_row is not None:
+        return runner.measure_row(cases, device, config)
     results = []
     for case in cases:
-        size, prepare = _runner(op)
         stats, kernel = timing.measure(
-            partial(prepare, case, dispatch, device), size(case), device, config, first_case=_measured_cases == 0
+            partial(runner.prepare, case, dispatch, device),
+            runner.footprint(case),
+            device,
+            config,
+            first_case=_measured_cases == 0,
         )
         _measured_cases += 1
         results.append(Measured(stats, kernel))

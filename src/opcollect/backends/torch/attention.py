@@ -6,8 +6,8 @@ accepts the case, as SDPA itself would choose it.
 
 from __future__ import annotations
 
-from opcollect.backends.torch.timing import random_tensor
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.timing import random_tensor
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -17,8 +17,8 @@ import socket
 import time
 from functools import partial
 
-from opcollect.plans.comm import message_bytes
 from opcollect.runtime.contract import KernelLimit, Measured
+from opcollect.runtime.dtypes import message_bytes
 from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
 
 TORCH_DTYPES = {"half": "float16", "bfloat16": "bfloat16", "float32": "float32", "int8": "int8", "fp8": "float8_e4m3fn"}

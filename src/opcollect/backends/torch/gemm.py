@@ -4,8 +4,8 @@ torch._weight_int4pack_mm (CUDA, SM80+) or torch._weight_int4pack_mm_for_cpu."""
 
 from __future__ import annotations
 
-from opcollect.backends.torch.timing import random_tensor
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.timing import random_tensor
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 INT4_GROUP = 128  # the common GPTQ/AWQ group size; torch's kernels take 32, 64, 128 or 256

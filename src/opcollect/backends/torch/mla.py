@@ -8,8 +8,8 @@ values), so the heads fold into the query rows, as MLA kernels do: one bmm for t
 
 from __future__ import annotations
 
-from opcollect.backends.torch.timing import random_tensor
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.timing import random_tensor
 
 KV_LORA, ROPE, NOPE, V = 512, 64, 128, 128
 

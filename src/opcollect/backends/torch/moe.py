@@ -7,8 +7,8 @@ seed so every run routes the same tokens.
 
 from __future__ import annotations
 
-from opcollect.backends.torch.timing import random_tensor
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.timing import random_tensor
 
 
 def local_shape(case) -> tuple[int, int]:

@@ -1,0 +1,196 @@
+"""The plan file, read by the runtime: JSON in, typed values out, nothing of the planner imported.
+
+The plan file is the contract between planner and runtime: identity (backend, SM, hashes, shard) and per
+op its table, fields, dtype field, case columns, case IDs, dispatch and batch rows. Reading it re-derives
+every case ID from its columns and recomputes content_hash (and, for an unsharded plan, plan_hash) from
+what the file holds, so an edited plan is refused, never trusted. Cases are namedtuples of the file's
+fields; plans/planfile.py writes the file and holds its ops to the planner's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import namedtuple
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from opcollect.errors import InputError
+from opcollect.names import BACKENDS, SMS
+from opcollect.plans.hashes import canonical_lines, content_hash, plan_hash, plan_header
+
+FORMAT = "opcollect-plan"
+FORMAT_VERSION = 2
+
+
+def id_template(op: str, fields: Sequence[str], dtype_field: str, dtype: object) -> str:
+    """A %-template for ``op:<dtype>:field=value,...`` over every field but the dtype field.
+
+    The group's dtype is written into the prefix; its own slot in the value tuple prints nothing (%.0s),
+    so a raw value tuple formats directly, which is twice as fast as str.format.
+    """
+    body = ""
+    for name in fields:
+        if name == dtype_field:
+            body += "%.0s"
+        else:
+            body += ("," if "=" in body else "") + f"{name}=%s"
+    return f"{op}:{dtype}:{body}"
+
+
+@cache
+def case_type(op: str, fields: tuple[str, ...]) -> type:
+    """The case record of an op with these fields: a namedtuple, so runners read ``case.m``."""
+    return namedtuple(f"{op}_case", fields)
+
+
+class Row(NamedTuple):
+    """One task of the runtime: a batch of cases timed together (batch_rows), or one case."""
+
+    row_id: str
+    dispatch: str
+    case_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlannedOp:
+    """One op of a plan file: typed cases in run order, with IDs, dispatch and rows."""
+
+    op: str
+    table: str
+    family: str
+    op_name: str | None
+    fields: tuple[str, ...]
+    cases: list[NamedTuple]
+    ids: list[str]
+    dispatch: list[str]
+    rows: list[Row]  # one per case when the backend declares no batch rows
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    backend: str
+    sm: str
+    collector_hash: str
+    plan_hash: str  # of the whole selection, shared by its shards
+    content_hash: str  # of this file: plan_hash, shard, selection and its own cases
+    shard: tuple[int, int] | None
+    selection: dict  # ops, smoke, case_filter, model_configs
+    ops: dict[str, PlannedOp]
+
+    @property
+    def total_cases(self) -> int:
+        return sum(len(p.ids) for p in self.ops.values())
+
+    @property
+    def shard_label(self) -> str | None:
+        return None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}"
+
+
+def read_plan_json(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read plan ({exc.strerror}); write one with `opcollect plan -o`") from None
+    except ValueError as exc:  # invalid JSON or not UTF-8
+        where = f" (invalid JSON at line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise InputError(f"{path}: not a plan file{where}; write one with `opcollect plan -o`") from None
+    return data
+
+
+class Broken(Exception):
+    """A field of a plan file that is missing or of the wrong kind: (field path, what is wrong)."""
+
+
+def _field(data: dict, key: str, kind: type | tuple, where: str = ""):
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, kind):
+        raise Broken(f"{where}{key}", "missing" if value is None else f"not a {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _parse_op(name: str, raw: dict, typed: bool) -> tuple[PlannedOp, list[str]]:
+    """One op of the file, with its canonical lines; every case ID is re-derived from its columns."""
+    where = f"ops.{name}."
+    fields = tuple(_field(raw, "fields", list, where))
+    dtype_field = _field(raw, "dtype_field", str, where)
+    if not fields or not all(isinstance(f, str) and f.isidentifier() for f in fields) or dtype_field not in fields:
+        raise Broken(f"{where}fields", f"{list(fields)} are not field names that include {dtype_field!r}")
+    ids = _field(raw, "case_id", list, where)
+    dispatch = _field(raw, "dispatch", list, where)
+    raw_columns = _field(raw, "columns", dict, where)
+    columns = [_field(raw_columns, f, list, f"{where}columns.") for f in fields]
+    if any(len(c) != len(ids) for c in columns) or len(dispatch) != len(ids):
+        raise Broken(f"{where}columns", f"column lengths differ from the {len(ids)} case IDs")
+    values = list(zip(*columns)) if ids else []
+    dtypes = columns[fields.index(dtype_field)]
+    templates = {d: id_template(name, fields, dtype_field, d) for d in set(dtypes)}
+    if len(templates) == 1:
+        derived = list(map(next(iter(templates.values())).__mod__, values))
+    else:
+        derived = [templates[d] % v for d, v in zip(dtypes, values)]
+    if derived != ids:
+        at = next(i for i, (a, b) in enumerate(zip(derived, ids)) if a != b)
+        raise Broken(f"{where}columns", f"case {ids[at]} holds {derived[at]}")
+    raw_rows = raw.get("rows")
+    batched = (
+        None
+        if raw_rows is None
+        else [Row(str(r["row_id"]), str(r["dispatch"]), tuple(r["case_ids"])) for r in raw_rows]
+    )
+    lines = canonical_lines(ids, dispatch, batched)
+    table, family = _field(raw, "table", str, where), _field(raw, "family", str, where)
+    op_name = raw.get("op_name")
+    if not typed:  # verification only: the runtime's typed cases and one-case rows are not needed
+        return PlannedOp(name, table, family, op_name, fields, [], ids, dispatch, batched or []), lines
+    rows = batched if batched is not None else [Row(case_id, d, (case_id,)) for case_id, d in zip(ids, dispatch)]
+    cases = list(map(case_type(name, fields)._make, values))
+    return PlannedOp(name, table, family, op_name, fields, cases, ids, dispatch, rows), lines
+
+
+def parse_plan(path: Path, data: dict, typed: bool = True) -> PlanFile:
+    """The plan ``data`` read from ``path``, verified; ``typed=False`` only verifies: PlannedOp.cases is
+    empty and so are the rows of unbatched ops."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError(f"{path}: not an opcollect plan file (field 'format' is not {FORMAT!r})")
+    if data.get("format_version") != FORMAT_VERSION:
+        found = data.get("format_version")
+        raise InputError(f"{path}: plan format_version {found!r}; this opcollect reads {FORMAT_VERSION}; re-plan")
+    try:
+        backend = _field(data, "backend", str)
+        sm = _field(data, "sm", str)
+        if backend not in BACKENDS and not backend.replace("_", "").replace(".", "").isalnum():
+            raise Broken("backend", f"{backend!r} is neither a backend ({', '.join(BACKENDS)}) nor a module path")
+        if sm not in SMS:
+            raise Broken("sm", f"{sm!r} is not one of {', '.join(SMS)}")
+        shard_raw = data.get("shard")
+        shard = None if shard_raw is None else (int(shard_raw["index"]), int(shard_raw["count"]))
+        selection = _field(data, "selection", dict)
+        ops: dict[str, PlannedOp] = {}
+        lines: list[str] = []
+        for name, raw in _field(data, "ops", dict).items():
+            if not name.isidentifier():
+                raise Broken(f"ops.{name}", "is not an op name")
+            ops[name], op_lines = _parse_op(name, raw, typed)
+            lines.extend(op_lines)
+        whole = _field(data, "plan_hash", str)
+        lines.sort()
+        if shard is None and plan_hash(plan_header(backend, sm), lines, presorted=True) != whole:
+            raise Broken("plan_hash", "differs from the hash of the cases the file holds")
+        stated = _field(data, "content_hash", str)
+        if content_hash(backend, sm, whole, shard, selection, lines, presorted=True) != stated:
+            raise Broken("content_hash", "differs from the hash of what the file holds")
+        collector = _field(data, "collector_hash", str)
+    except Broken as exc:
+        field, problem = exc.args
+        raise InputError(f"{path}: field '{field}': {problem}; the plan was edited or is damaged, re-plan") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(
+            f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-plan with `opcollect plan -o`"
+        ) from None
+    return PlanFile(backend, sm, collector, whole, data["content_hash"], shard, selection, ops)
+
+
+def read_plan(path: Path) -> PlanFile:
+    return parse_plan(path, read_plan_json(path))
