@@ -99,7 +99,7 @@ def test_collectives_and_dtypes_are_planned_with_the_reference_sizes(planner, ba
     sizes = {d: sorted({k[3] for k in planned if k[1] == d}) for d in ("half", "int8")}
     assert (sizes["half"][0], sizes["half"][-1]) == (256, 268435456)  # elements: 512 B .. 512 MiB
     assert (sizes["int8"][0], sizes["int8"][-1]) == (512, 536870912)
-    assert set(selection.by_dispatch) == {"nccl"} and not selection.skipped
+    assert set(selection.by_dispatch) == {"NCCL"} and not selection.skipped
     assert "comm:half:op_name=all_gather,num_gpus=8,message_size=1024" in selection.ids
     # one process group per (dtype, num_gpus) times all of its collectives and sizes
     assert sorted(len(row.case_ids) for row in selection.rows) == [84] * 6
@@ -181,7 +181,7 @@ def test_gloo_skips_fp8_and_says_why(tmp_path):
     )
     decision = skips.decide("torch", "comm", "cpu", "gloo", group, {})
     assert decision.kept == [] and decision.skipped == {"gloo-no-fp8": 1}
-    assert skips.decide("torch", "comm", "90", "nccl", group, {}).skipped != {"gloo-no-fp8": 1}
+    assert skips.decide("torch", "comm", "90", "NCCL", group, {}).skipped != {"gloo-no-fp8": 1}
     assert 'Invalid scalar type"' in skips.reasons()["gloo-no-fp8"]
     # the reason holds on this torch build: gloo refuses float8 for every collective, and runs half and int8
     code = f"""

@@ -188,7 +188,9 @@ def test_dispatch_switches_at_the_documented_sm(planner):
     sglang90 = planner.plan("sglang", "90", PlanOptions(ops=("gemm",))).ops["gemm"]
     assert "deep_gemm" in sglang90.by_dispatch  # DeepGEMM needs Hopper (SM90) or newer
     vllm100 = planner.plan("vllm", "100", PlanOptions(ops=("attention_context",))).ops["attention_context"]
-    assert set(vllm100.by_dispatch) == {"FLASHINFER"}
+    vllm90 = planner.plan("vllm", "90", PlanOptions(ops=("attention_context",))).ops["attention_context"]
+    assert "vllm_flashinfer_trtllmprefill" in vllm100.by_dispatch  # FlashInfer's TRT-LLM kernels on Blackwell
+    assert set(vllm90.by_dispatch) == {"vllm_flash_attn_fa3", "vllm_flash_attn_fa4"}
 
 
 # -- MoE splits ------------------------------------------------------------------------------------

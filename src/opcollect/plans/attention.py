@@ -167,9 +167,26 @@ def _generation_cost(c: AttentionCase) -> float:
 
 
 def _vllm(sm: str, group: Group) -> str:
-    if sm_at_least(sm, 100):
-        return "FLASHINFER"
-    return "FLASH_ATTN" if sm_at_least(sm, 80) else "TRITON_ATTN"
+    # vLLM 0.24.0 platforms/cuda.py:144-159: FLASHINFER first on the SM100 family, FLASH_ATTN first elsewhere;
+    # the flash-attention version and FlashInfer's kernels depend on the head: _vllm_case
+    return "FLASHINFER" if sm in ("100", "103") else "FLASH_ATTN"
+
+
+def _vllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
+    """The kernel_source the vLLM runner reads off the chosen backend, as the reference names it."""
+    if dispatch == "FLASHINFER":
+        if case.head_dim not in (64, 128, 256, 512):  # v1/attention/backends/flashinfer.py:421-423
+            # FLASH_ATTN (FA4 on SM100) takes the head with a bf16 cache; an fp8 cache falls to TRITON_ATTN
+            # (flash_attn.py:183-193 accepts fp8 only with FA3 on SM90)
+            return "vllm_flash_attn_fa4" if case.kv_cache_dtype == "bfloat16" else "vllm_triton_attn"
+        # TRT-LLM-gen kernels on the SM100 family for prefill and decode (utils/flashinfer.py:374-408, 464-480;
+        # flashinfer.py:687-700): the metadata class names them
+        return "vllm_flashinfer_trtllmprefill" if case.step == 0 else "vllm_flashinfer_trtllmdecode"
+    # v1/attention/backends/fa_utils.py:78-86: FA3 on SM9x, FA4 on SM10x, FA2 elsewhere; on SM90 a head
+    # above 256 takes FA4 (:119-146)
+    if sm == "90":
+        return "vllm_flash_attn_fa4" if case.head_dim > 256 else "vllm_flash_attn_fa3"
+    return "vllm_flash_attn_fa4" if sm in ("100", "103") else "vllm_flash_attn_fa2"
 
 
 def _sglang(sm: str, group: Group) -> str:
@@ -200,6 +217,7 @@ CONTEXT = OpPlan(
     expand=expand_context,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_context},
+    case_dispatch={"vllm": _vllm_case},
     cost=_context_cost,
 )
 
@@ -213,5 +231,6 @@ GENERATION = OpPlan(
     expand=expand_generation,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_generation},
+    case_dispatch={"vllm": _vllm_case},
     cost=_generation_cost,
 )

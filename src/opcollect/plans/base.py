@@ -88,6 +88,8 @@ def make_groups(
 
 
 Dispatch = Callable[[str, Group], str]  # (sm, group) -> kernel or runner name
+# (sm, the group's dispatch, one case) -> that case's: where a framework picks its kernel by shape
+CaseDispatch = Callable[[str, str, NamedTuple], str]
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class OpPlan:
     after_latency: tuple[str, ...] = ()
     # per backend: case fields whose table column that backend's reference names otherwise (field -> column)
     columns: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # per backend: the dispatch of each case, refining its group's (skips decide on the group's)
+    case_dispatch: Mapping[str, CaseDispatch] = field(default_factory=dict)
 
     @property
     def fields(self) -> tuple[str, ...]:

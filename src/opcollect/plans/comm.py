@@ -38,7 +38,7 @@ def expand(grid: CommGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
 
 
 def _dispatch(sm: str, group: Group) -> str:
-    return "gloo" if sm == "cpu" else "nccl"
+    return "gloo" if sm == "cpu" else "NCCL"  # the reference's kernel_source for nccl-tests
 
 
 def _one_process_group(case: CommCase) -> str:

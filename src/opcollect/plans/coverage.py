@@ -86,7 +86,7 @@ def coverage(plan: Plan, root: Path) -> dict:
             if selection is None:
                 tables.append({"table": name, "path": rel, "op": None, "note": NO_OP})
             else:
-                found = table_coverage(selection.op, selection.values, path, plan.backend)
+                found = table_coverage(selection.op, selection.values, path, plan.backend, selection.dispatch)
                 tables.append({"table": name, "path": rel, **found})
     finally:
         if collecting:
@@ -101,8 +101,11 @@ def coverage(plan: Plan, root: Path) -> dict:
     }
 
 
-def table_coverage(op: OpPlan, values: list[tuple], path: Path, backend: str = "") -> dict:
-    """Coverage of one table file by one op's planned value tuples (in ``op.fields`` order)."""
+def table_coverage(
+    op: OpPlan, values: list[tuple], path: Path, backend: str = "", dispatch: list[str] | None = None
+) -> dict:
+    """Coverage of one table file by one op's planned value tuples (in ``op.fields`` order), and with the
+    plan's ``dispatch`` per case, how many of the table's rows at covered keys name that as kernel_source."""
     import pyarrow as pa
 
     from opcollect.tables.schema import read_parquet, schema_for_op
@@ -147,6 +150,10 @@ def table_coverage(op: OpPlan, values: list[tuple], path: Path, backend: str = "
     missing = _sorted(keys - plan_keys)
     dtypes = tuple(rename.get(name, name) for name in op.dtype_fields)
     patterns = attribute(missing, plan_keys, columns, dtypes)
+    agreement = None
+    if dispatch is not None and "kernel_source" in present:
+        rows = zip(*(typed[name].to_pylist() for name in columns), table.column("kernel_source").to_pylist())
+        agreement = dispatch_agreement(prefix, project, values, dispatch, ((r[:-1], r[-1]) for r in rows))
     return {
         "op": op.name,
         "key_columns": columns,
@@ -158,6 +165,34 @@ def table_coverage(op: OpPlan, values: list[tuple], path: Path, backend: str = "
         "patterns": patterns[:TOP_PATTERNS],
         "patterns_left_off": len(patterns) - min(len(patterns), TOP_PATTERNS),
         "examples": [dict(zip(columns, key)) for key in _spread(missing, EXAMPLES)],
+        "dispatch": agreement,
+    }
+
+
+def dispatch_agreement(prefix: tuple, project, values: list[tuple], dispatch: list[str], rows) -> dict:
+    """Of the table's rows at keys the plan has, the share whose kernel_source is the plan's dispatch there,
+    and the most frequent (dispatch, kernel_source) disagreements."""
+    single = not isinstance(project(values[0]), tuple) if values else False
+    planned: dict[tuple, set[str]] = {}
+    for v, d in zip(values, dispatch):
+        key = (*prefix, project(v)) if single else prefix + project(v)
+        planned.setdefault(key, set()).add(d)
+    shared = agreeing = 0
+    wrong: Counter[tuple[str, str]] = Counter()
+    for key, kernel in rows:
+        names = planned.get(tuple(key))
+        if names is None:
+            continue
+        shared += 1
+        if kernel in names:
+            agreeing += 1
+        else:
+            wrong[(" or ".join(sorted(names)), kernel)] += 1
+    return {
+        "rows": shared,
+        "agreeing": agreeing,
+        "percent": _percent(agreeing, shared),
+        "disagreements": [{"dispatch": d, "kernel_source": k, "rows": n} for (d, k), n in wrong.most_common(5)],
     }
 
 
@@ -288,6 +323,16 @@ def render_coverage(report: dict) -> str:
             f"  {t['path']} ({t['op']}): {t['covered']:,} of {t['keys']:,} keys covered ({t['percent']:.1f}%), "
             f"{t['missing']:,} missing; the plan has {t['plan_keys']:,} keys"
         )
+        agreement = t.get("dispatch")
+        if agreement is not None:
+            lines.append(
+                f"      dispatch names the table's kernel_source in {agreement['agreeing']:,} of "
+                f"{agreement['rows']:,} rows at covered keys ({agreement['percent']:.1f}%)"
+            )
+            for d in agreement["disagreements"]:
+                lines.append(
+                    f"        plan {d['dispatch']} where the table has {d['kernel_source']}: {d['rows']:,} rows"
+                )
         for p in t["patterns"]:
             example = f", e.g. {_key_text(p['examples'][0])}" if not p["columns"] and p["examples"] else ""
             lines.append(f"      {p['pattern']}: {_keys(p['keys'])}{example}")

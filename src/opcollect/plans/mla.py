@@ -90,9 +90,20 @@ def _torch(sm: str, group: Group) -> str:
 
 
 def _vllm(sm: str, group: Group) -> str:
+    # vLLM 0.24.0 selects the MLA backend by KV cache dtype (platforms/cuda.py:94-142): on SM90 FLASH_ATTN_MLA
+    # takes a bf16 cache only (v1/attention/backends/mla/flashattn_mla.py:45-49,80-97), FLASHMLA the fp8 one
+    # (flashmla.py:49-59); on the SM100 family FLASHINFER_MLA takes both (flashinfer_mla.py:38-106)
     if sm == "90":
-        return "FLASHMLA"
-    return "CUTLASS_MLA" if sm_at_least(sm, 100) else "TRITON_MLA"
+        return "FLASH_ATTN_MLA" if group.constants.get("kv_cache_dtype") == "bfloat16" else "FLASHMLA"
+    return "FLASHINFER_MLA" if sm in ("100", "103") else "TRITON_MLA"
+
+
+def _vllm_context(sm: str, dispatch: str, case: MlaCase) -> str:
+    # Prefill tokens beyond the backend's decode threshold run the prefill backend, FLASH_ATTN on SM90 and
+    # first on SM100 (mla/prefill/selector.py:48-69): the threshold is 512 for FLASH_ATTN_MLA
+    # (flashattn_mla.py:118), 128 for FLASHMLA (flashmla.py:121), 1 otherwise (mla_attention.py:1419, 1638-1644)
+    threshold = {"FLASH_ATTN_MLA": 512, "FLASHMLA": 128}.get(dispatch, 1)
+    return dispatch if case.isl <= threshold else "FLASH_ATTN"
 
 
 def _sglang(sm: str, group: Group) -> str:
@@ -105,7 +116,7 @@ def _trtllm(sm: str, group: Group) -> str:
     return "trtllm.mla"
 
 
-def _mla_plan(name: str, table: str, op_name: str, expand, cost) -> OpPlan:
+def _mla_plan(name: str, table: str, op_name: str, expand, cost, case_dispatch=None) -> OpPlan:
     return OpPlan(
         name=name,
         family="mla",
@@ -117,8 +128,11 @@ def _mla_plan(name: str, table: str, op_name: str, expand, cost) -> OpPlan:
         tp_sizes=lambda grid: tuple(grid.tp_size),
         dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
         cost=cost,
+        case_dispatch=case_dispatch or {},
     )
 
 
-CONTEXT = _mla_plan("mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost)
+CONTEXT = _mla_plan(
+    "mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost, {"vllm": _vllm_context}
+)
 GENERATION = _mla_plan("mla_generation", "generation_mla_perf", "mla_generation", expand_generation, _generation_cost)

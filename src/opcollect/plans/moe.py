@@ -88,21 +88,68 @@ def _torch(sm: str, group: Group) -> str:
     return "torch._grouped_mm" if sm_at_least(sm, 90) else "per_expert_loop"
 
 
+def _moe_label(method: str, backend: str, experts: str) -> str:
+    """The kernel_source of a vLLM MoE as the reference records it: quant method (without 'Method'), the
+    oracle's backend and the experts class, lowercase, spaces as '_'."""
+    return f"vllm_{method}_{backend}_{experts}".lower().replace(" ", "_").replace("-", "_")
+
+
 def _vllm(sm: str, group: Group) -> str:
-    if group.dtype == "nvfp4":
-        return "cutlass_moe_fp4"
-    if group.dtype == "fp8_block" and sm_at_least(sm, 90):
-        return "deep_gemm_moe"
+    """vLLM 0.24.0's experts kernel per quant mode: the first backend of the mode's oracle whose experts class
+    supports the device and scheme (model_executor/layers/fused_moe/oracle/*.py); _vllm_case refines by case."""
+    family100 = sm in ("100", "103")
+    if group.dtype == "bfloat16":
+        # oracle/unquantized.py:152-254: FlashInfer moves to the back on SM90, so Triton; TRT-LLM bf16 on SM100
+        if family100:
+            return _moe_label("UnquantizedFusedMoE", "FlashInfer TRTLLM", "TrtLlmBf16Experts")
+        return _moe_label("UnquantizedFusedMoE", "TRITON", "TritonExperts")
+    if group.dtype == "fp8":
+        # a static per-tensor fp8 checkpoint (ModelOptFp8Config): oracle/fp8.py:75-88 order; TRT-LLM on the SM100
+        # family (experts/trtllm_fp8_moe.py:64-71), FlashInfer CUTLASS from SM90 (flashinfer_cutlass_moe.py:132-175)
+        if family100:
+            return _moe_label("ModelOptFp8MoE", "FLASHINFER_TRTLLM", "TrtLlmFp8ExpertsMonolithic")
+        if sm == "90":
+            return _moe_label("ModelOptFp8MoE", "FLASHINFER_CUTLASS", "FlashInferExperts")
+        return _moe_label("ModelOptFp8MoE", "TRITON", "TritonExperts")
+    if group.dtype == "fp8_block":
+        if family100:  # oracle/fp8.py:75-77
+            return _moe_label("Fp8MoE", "FLASHINFER_TRTLLM", "TrtLlmFp8ExpertsMonolithic")
+        return "fp8_block"  # by its expert split: _vllm_case
     if group.dtype == "int4_wo":
-        return "marlin_moe_wna16"
+        # compressed-tensors int4 group: oracle/int_wna16.py:79-93, TRT-LLM MxInt4 on the SM100 family, else Marlin
+        if family100:
+            return _moe_label("CompressedTensorsWNA16MarlinMoE", "FLASHINFER_TRTLLM", "TrtLlmMxint4ExpertsMonolithic")
+        return _moe_label("CompressedTensorsWNA16MarlinMoE", "MARLIN", "MarlinExperts")
     if group.dtype == "w4a16_mxfp4":
-        # fused_moe/oracle/mxfp4.py: TRTLLM-Gen on the SM100 family, OAI Triton kernels on SM90, else Marlin
-        return {"90": "triton_kernels_mxfp4", "100": "flashinfer_trtllm_mxfp4", "103": "flashinfer_trtllm_mxfp4"}.get(
-            sm, "marlin_mxfp4"
-        )
+        return "w4a16_mxfp4"  # by model: _vllm_case
+    if group.dtype == "nvfp4":
+        return _moe_label("ModelOptNvFp4FusedMoE", "FLASHINFER_TRTLLM", "TrtLlmNvFp4ExpertsMonolithic")
     if group.dtype == "w4a8_mxfp4_mxfp8":
-        return "flashinfer_trtllm_mxfp4_mxfp8" if sm in ("100", "103") else "flashinfer_cutlass_mxfp4_mxfp8"
-    return "fused_moe_triton"
+        return "flashinfer_trtllm_mxfp4_mxfp8" if family100 else "flashinfer_cutlass_mxfp4_mxfp8"
+    return _moe_label("UnquantizedFusedMoE", "TRITON", "TritonExperts")
+
+
+# gpt-oss's experts (hidden and inter size 2880) load through its own Mxfp4Config; other MXFP4 checkpoints
+# (Kimi) through compressed-tensors
+_GPT_OSS = (2880, 2880)
+
+
+def _vllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
+    if dispatch == "fp8_block":
+        # oracle/fp8.py:105-115: on exactly SM90 expert parallelism puts FlashInfer CUTLASS first, else Triton
+        if sm == "90" and case.moe_ep_size > 1:
+            return _moe_label("Fp8MoE", "FLASHINFER_CUTLASS", "FlashInferExperts")
+        return _moe_label("Fp8MoE", "TRITON", "TritonExperts")
+    if dispatch == "w4a16_mxfp4":
+        if (case.hidden_size, case.inter_size) == _GPT_OSS:
+            # oracle/mxfp4.py:304-323: TRT-LLM on the SM100 family, OAI Triton kernels on SM 9.0-10.x
+            # (experts/gpt_oss_triton_kernels_moe.py:37-50), monolithic: routing inside the kernel
+            if sm in ("100", "103"):
+                return _moe_label("GptOssMxfp4MoE", "FLASHINFER_TRTLLM_MXFP4_BF16", "TrtLlmMxfp4ExpertsMonolithic")
+            return _moe_label("GptOssMxfp4MoE", "TRITON", "OAITritonMxfp4ExpertsMonolithic")
+        # compressed-tensors MXFP4 runs Marlin with the reference collector's silu for Kimi's activation
+        return _moe_label("CompressedTensorsW4A4Mxfp4MoE", "MARLIN", "MarlinExperts") + "_situ_as_silu"
+    return dispatch
 
 
 def _sglang(sm: str, group: Group) -> str:
@@ -133,5 +180,6 @@ PLAN = OpPlan(
     expand=expand,
     tp_sizes=lambda grid: tuple(sorted(set(grid.gpus))),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
+    case_dispatch={"vllm": _vllm_case},
     cost=_cost,
 )

@@ -179,6 +179,7 @@ class Planner:
         dispatches: list[str] = []
         by_dtype: dict[str, int] = {}
         by_dispatch: Counter[str] = Counter()
+        refine = op.case_dispatch.get(backend)
         for p in picked:
             if len(p.positions) == len(p.group.values):
                 values.extend(p.group.values)
@@ -186,9 +187,14 @@ class Planner:
             else:
                 values.extend(map(p.group.values.__getitem__, p.positions))
                 ids.extend(p.group.ids_at(p.positions))
-            dispatches.extend([p.dispatch] * len(p.positions))
+            if refine is None:
+                dispatches.extend([p.dispatch] * len(p.positions))
+                by_dispatch[p.dispatch] += len(p.positions)
+            else:
+                mine = [refine(sm, p.dispatch, op.case_type._make(p.group.values[i])) for i in p.positions]
+                dispatches.extend(mine)
+                by_dispatch.update(mine)
             by_dtype[p.group.label] = by_dtype.get(p.group.label, 0) + len(p.positions)
-            by_dispatch[p.dispatch] += len(p.positions)
         return OpSelection(
             op=op,
             values=values,

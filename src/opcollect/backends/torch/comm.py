@@ -185,4 +185,4 @@ def _time_one(case: dict, device: str, cuda: bool, config: TimingConfig, dist, t
 
     raw = sample_until_stable(sample, config, clock=lambda: spent[0])
     stats = summarize(raw, "eager" if cuda else "cpu", calls, threads=1 if not cuda else None)
-    return Measured(stats, "nccl" if cuda else "gloo")
+    return Measured(stats, "NCCL" if cuda else "gloo")

@@ -1,0 +1,92 @@
+"""The vLLM plan's dispatch follows vLLM 0.24.0's own selection per SM, dtype and shape, and names the
+kernel_source the reference tables of vLLM 0.24.0 record (fixture slices of the H200 tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opcollect.plans import attention, comm, gemm, mla, moe
+from opcollect.plans.attention import AttentionCase
+from opcollect.plans.coverage import table_coverage
+from opcollect.plans.gemm import GemmCase
+from opcollect.plans.mla import MlaCase
+from opcollect.plans.moe import MoeCase
+from opcollect.plans.ops import OPS
+
+REFERENCE = Path(__file__).parent / "data" / "reference"
+TABLES = {
+    "gemm": REFERENCE / "aiconfigurator-h200/gemm/vllm/0.24.0/gemm_perf.parquet",
+    "attention_context": REFERENCE / "attention_slices/vllm/0.24.0/context_attention_perf.parquet",
+    "attention_generation": REFERENCE / "attention_slices/vllm/0.24.0/generation_attention_perf.parquet",
+    "moe": REFERENCE / "moe_slices/vllm/0.24.0/moe_perf.parquet",
+    "comm": REFERENCE / "aiconfigurator-h200/comm/nccl/2.29.2/nccl_perf.parquet",
+}
+
+
+@pytest.fixture(scope="module")
+def sm90(planner):
+    return planner.plan("vllm", "90")
+
+
+@pytest.mark.parametrize("op", sorted(TABLES))
+def test_sm90_dispatch_names_the_reference_kernel_source(sm90, op):
+    selection = sm90.ops[op]
+    found = table_coverage(OPS[op], selection.values, TABLES[op], "vllm", selection.dispatch)["dispatch"]
+    assert found["rows"] > 0 and found["percent"] >= 99.0, found
+
+
+def test_fp8_block_gemm_by_shape():
+    rule = gemm._vllm_case
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 31, 4096, 7168)) == "FlashInferFp8BlockScaledMMKernel"
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 32, 4096, 7168)) == "DeepGemmFp8BlockScaledMMKernel"
+    # N % 64 or K % 128 not zero: neither FlashInfer nor DeepGEMM can implement it
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 1, 4096, 7200)) == "CutlassFp8BlockScaledMMKernel"
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 64, 4160 + 32, 7168)) == "CutlassFp8BlockScaledMMKernel"
+    # FlashInfer's block-scale GEMM is gated on exactly SM 9.0: Blackwell runs DeepGEMM for every M
+    assert rule("100", "fp8_block", GemmCase("fp8_block", 1, 4096, 7168)) == "DeepGemmFp8BlockScaledMMKernel"
+    assert rule("89", "fp8_block", GemmCase("fp8_block", 1, 4096, 7168)) == "TritonFp8BlockScaledMMKernel"
+    assert rule("90", "int4_wo", GemmCase("int4_wo", 8, 4096, 4096)) == "MacheteLinearKernel"
+    assert rule("90", "int4_wo", GemmCase("int4_wo", 8, 4160, 4096)) == "MarlinLinearKernel"
+    assert rule("100", "int4_wo", GemmCase("int4_wo", 8, 4096, 4096)) == "MarlinLinearKernel"
+
+
+def _attention(head_dim: int, kv: str = "bfloat16", step: int = 0) -> AttentionCase:
+    return AttentionCase(1, 1024, 16, 2, head_dim, 1, "bfloat16", kv, step, 0)
+
+
+def test_attention_kernel_by_sm_and_head():
+    rule = attention._vllm_case
+    assert rule("90", "FLASH_ATTN", _attention(256)) == "vllm_flash_attn_fa3"
+    assert rule("90", "FLASH_ATTN", _attention(512)) == "vllm_flash_attn_fa4"
+    assert rule("86", "FLASH_ATTN", _attention(128)) == "vllm_flash_attn_fa2"
+    assert attention._vllm("100", None) == "FLASHINFER" and attention._vllm("90", None) == "FLASH_ATTN"
+    assert rule("100", "FLASHINFER", _attention(128)) == "vllm_flashinfer_trtllmprefill"
+    assert rule("100", "FLASHINFER", _attention(128, step=127)) == "vllm_flashinfer_trtllmdecode"
+    assert rule("100", "FLASHINFER", _attention(192)) == "vllm_flash_attn_fa4"
+    assert rule("100", "FLASHINFER", _attention(192, kv="fp8")) == "vllm_triton_attn"
+
+
+def test_mla_context_runs_the_prefill_backend_past_the_decode_threshold():
+    rule = mla._vllm_context
+    case = lambda isl: MlaCase("bfloat16", "bfloat16", 16, 1, isl, 1, 0)  # noqa: E731
+    assert rule("90", "FLASH_ATTN_MLA", case(512)) == "FLASH_ATTN_MLA"
+    assert rule("90", "FLASH_ATTN_MLA", case(513)) == "FLASH_ATTN"
+    assert rule("90", "FLASHMLA", case(128)) == "FLASHMLA" and rule("90", "FLASHMLA", case(129)) == "FLASH_ATTN"
+    assert rule("100", "FLASHINFER_MLA", case(1)) == "FLASHINFER_MLA"
+    assert rule("100", "FLASHINFER_MLA", case(2)) == "FLASH_ATTN"
+
+
+def test_moe_fp8_block_by_expert_split_and_mxfp4_by_model():
+    rule = moe._vllm_case
+    tp = MoeCase("fp8_block", 64, 7168, 2048, 8, 256, 8, 1, "balanced")
+    ep = MoeCase("fp8_block", 64, 7168, 2048, 8, 256, 1, 8, "balanced")
+    assert rule("90", "fp8_block", tp) == "vllm_fp8moe_triton_tritonexperts"
+    assert rule("90", "fp8_block", ep) == "vllm_fp8moe_flashinfer_cutlass_flashinferexperts"
+    gpt_oss = MoeCase("w4a16_mxfp4", 64, 2880, 2880, 4, 128, 1, 1, "balanced")
+    assert rule("90", "w4a16_mxfp4", gpt_oss) == "vllm_gptossmxfp4moe_triton_oaitritonmxfp4expertsmonolithic"
+
+
+def test_nccl_is_named_as_the_reference_names_it():
+    assert comm._dispatch("90", None) == "NCCL" and comm._dispatch("cpu", None) == "gloo"
