@@ -13,8 +13,8 @@ import nox
 nox.options.sessions = ["tests"]
 
 
-def _opcollect(session: nox.Session, verb: str) -> None:
-    session.run(sys.executable, "-m", "opcollect", verb, *session.posargs, external=True)
+def _opcollect(session: nox.Session, *args: str) -> None:
+    session.run(sys.executable, "-m", "opcollect", *args, *session.posargs, external=True)
 
 
 @nox.session(python=False)
@@ -58,6 +58,42 @@ def _backend_sessions(backend: str) -> None:
 
 for _backend in _backends():
     _backend_sessions(_backend)
+
+
+def _contract_session(backend: str, package: str) -> None:
+    def contract(session: nox.Session) -> None:
+        from pathlib import Path
+
+        from opcollect.images.pins import load_pins
+
+        version, _ = load_pins(Path("pins.yaml")).pin(backend)
+        wheels = Path(".cache") / "wheels"
+        found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
+        if not found:  # downloaded once, then reused: the pinned wheel does not change
+            pip = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                f"{package}=={version}",
+                "-d",
+                str(wheels),
+            ]
+            session.run(*pip, external=True)
+            found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
+        _opcollect(session, "contract", backend, "--wheel", str(found[-1]))
+
+    contract.__doc__ = (
+        f"Check the {backend} runners' framework symbols against the pinned {package} wheel (downloaded once "
+        f"into .cache/wheels): `nox -s contract-{backend}`."
+    )
+    nox.session(name=f"contract-{backend}", python=False, default=False)(contract)
+
+
+_contract_session("vllm", "vllm")
+_contract_session("sglang", "sglang")
 
 
 @nox.session(python=False, default=False)

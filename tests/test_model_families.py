@@ -277,7 +277,7 @@ def test_every_family_loads_known_and_lands_in_the_sweeps():
     given = [m for m in planner.sources.models if m.source.endswith(".json")]
     assert len({m.name for m in given}) == len(paths)
     ops = ("gemm", "attention_context", "moe", "mla_generation")
-    plan = planner.plan("vllm", "90", PlanOptions(ops=ops))
+    plan = planner.plan("sglang", "90", PlanOptions(ops=ops))  # the kernel MLA table: vLLM times the module
     assert not any("unknown architecture" in note for note in plan.notes)
     assert "google/gemma-3-27b-it: Gemma3ForConditionalGeneration is planned from its text_config" in " ".join(
         plan.notes

@@ -146,12 +146,16 @@ def test_shards_partition_unbatched_and_batched_ops_and_keep_run_order(planner, 
     assert rows == sorted(r.row_id for r in whole.ops["comm"].rows)
 
 
+TORCH_UNPLANNED = {"custom_allreduce", "mla_context_module", "mla_generation_module"}
+
+
 def test_smoke_plans_at_most_four_cases_per_op(planner):
     smoke = planner.plan("torch", "cpu", PlanOptions(smoke=True))
     full = planner.plan("torch", "cpu")
+    # torch plans no custom_allreduce (no all-reduce of its own) and no MLA module; every other op 1 to 4 cases
+    assert {name for name, sel in full.ops.items() if not sel.ids} == TORCH_UNPLANNED
     for name, sel in smoke.ops.items():
-        # torch plans no custom_allreduce (no all-reduce of its own); every other op gets 1 to 4 cases
-        assert 1 <= len(sel.ids) <= 4 or (name == "custom_allreduce" and not full.ops[name].ids), name
+        assert 1 <= len(sel.ids) <= 4 or name in TORCH_UNPLANNED, name
         assert set(sel.ids) <= set(full.ops[name].ids), name
     assert len(smoke.ops["gemm"].ids) == 4 < len(full.ops["gemm"].ids)
 
@@ -165,7 +169,9 @@ def test_case_id_reads_as_documented():
 
 
 def test_every_case_id_names_every_non_dtype_field(planner):
-    plan = planner.plan("vllm", "90", PlanOptions(ops=("attention_context", "attention_generation", "mla_context")))
+    plan = planner.plan(
+        "vllm", "90", PlanOptions(ops=("attention_context", "attention_generation", "mla_context_module"))
+    )
     for name, sel in plan.ops.items():
         assert len(set(sel.ids)) == len(sel.ids), name
         cases = [sel.op.case_type._make(v) for v in sel.values]

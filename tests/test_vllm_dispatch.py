@@ -22,6 +22,8 @@ TABLES = {
     "attention_generation": REFERENCE / "attention_slices/vllm/0.24.0/generation_attention_perf.parquet",
     "moe": REFERENCE / "moe_slices/vllm/0.24.0/moe_perf.parquet",
     "comm": REFERENCE / "aiconfigurator-h200/comm/nccl/2.29.2/nccl_perf.parquet",
+    "mla_context_module": REFERENCE / "mla_slices/vllm/0.24.0/mla_context_module_perf.parquet",
+    "mla_generation_module": REFERENCE / "mla_slices/vllm/0.24.0/mla_generation_module_perf.parquet",
 }
 
 
@@ -90,3 +92,40 @@ def test_moe_fp8_block_by_expert_split_and_mxfp4_by_model():
 
 def test_nccl_is_named_as_the_reference_names_it():
     assert comm._dispatch("90", None) == "NCCL" and comm._dispatch("cpu", None) == "gloo"
+
+
+@pytest.mark.parametrize("op", ["mla_context_module", "mla_generation_module"])
+def test_vllm_times_mla_as_its_module_into_the_reference_module_tables(sm90, op):
+    import pyarrow.parquet as pq
+
+    from opcollect.tables.schema import schema_for_op
+
+    reference = pq.read_table(TABLES[op]).schema
+    ours = schema_for_op(op, "vllm").perf
+    assert ours.names[: len(reference.names)] == reference.names
+    assert all(ours.field(n).type == reference.field(n).type for n in reference.names)
+    found = table_coverage(OPS[op], sm90.ops[op].values, TABLES[op], "vllm")
+    assert found["percent"] == 100.0, found["patterns"]
+    assert not sm90.ops["mla_context"].ids and not sm90.ops["mla_generation"].ids  # vLLM writes no kernel tables
+
+
+def test_only_vllm_plans_the_mla_module(planner):
+    for backend in ("torch", "sglang", "trtllm"):
+        plan = planner.plan(backend, "90" if backend != "torch" else "cpu")
+        assert not plan.ops["mla_context_module"].ids and not plan.ops["mla_generation_module"].ids, backend
+        assert plan.ops["mla_context"].ids, backend
+
+
+def test_a_wrong_dispatch_is_counted_and_named(sm90):
+    selection = sm90.ops["gemm"]
+    wrong = ["W8A8BlockFp8LinearOp" if d.endswith("BlockScaledMMKernel") else d for d in selection.dispatch]
+    found = table_coverage(OPS["gemm"], selection.values, TABLES["gemm"], "vllm", wrong)["dispatch"]
+    block = sum(1 for d in selection.dispatch if d.endswith("BlockScaledMMKernel"))
+    assert block and found["agreeing"] < found["rows"]
+    assert {d["dispatch"] for d in found["disagreements"]} == {"W8A8BlockFp8LinearOp"}
+    named = {d["kernel_source"] for d in found["disagreements"]}
+    assert named <= {
+        "FlashInferFp8BlockScaledMMKernel",
+        "DeepGemmFp8BlockScaledMMKernel",
+        "CutlassFp8BlockScaledMMKernel",
+    }

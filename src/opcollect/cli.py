@@ -361,6 +361,28 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _add_contract(sub) -> None:
+    p = sub.add_parser(
+        "contract", help="check the framework symbols a backend's runners use against its pinned release"
+    )
+    p.add_argument("backend", metavar="BACKEND", help="vllm, sglang or trtllm")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--wheel", type=Path, help="the pinned wheel (pip download --no-deps <framework>==<pin>)")
+    where.add_argument("--source", type=Path, help="a directory holding the release's top-level packages")
+    p.set_defaults(func=cmd_contract)
+
+
+def cmd_contract(args) -> int:
+    from opcollect.backends.symbols import contract
+
+    release = args.wheel or args.source
+    checked, misses = contract(args.backend, release, Path(__file__).resolve().parent / "backends")
+    for miss in misses:
+        print(miss.render())
+    print(f"contract {args.backend} against {release}: {checked} uses checked, {len(misses)} missing")
+    return 1 if misses else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="opcollect", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -374,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub)
     _add_verify(sub)
     _add_compare(sub)
+    _add_contract(sub)
     return parser
 
 

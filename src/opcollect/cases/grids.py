@@ -179,6 +179,30 @@ class GenerationMlaGrid(MlaGrid):
     step: list[PosInt] = Field(min_length=1)
 
 
+class MlaModel(Frozen):
+    model: str = Field(min_length=1)  # as the reference's model column names it
+    architecture: str = Field(min_length=1)
+
+
+class MlaModuleGrid(Frozen):
+    """A framework's whole MLA module (projections, norms, rope, attention) at one rank, tp_size 1."""
+
+    models: Annotated[list[MlaModel], Distinct] = Field(min_length=1)
+    precisions: Annotated[list[MlaPrecision], Distinct] = Field(min_length=1)
+    gemm_types: Annotated[list[GemmDtype], Distinct] = Field(min_length=1)
+    num_heads: list[PosInt] = Field(min_length=1, description="heads on the rank")
+    batch_size: list[PosInt] = Field(min_length=1)
+    max_tokens: PosInt = Field(description="batch_size x isl (context) or batch_size x step (generation)")
+
+
+class ContextMlaModuleGrid(MlaModuleGrid):
+    isl: list[PosInt] = Field(min_length=1)
+
+
+class GenerationMlaModuleGrid(MlaModuleGrid):
+    step: list[PosInt] = Field(min_length=1)
+
+
 GpuCount = Annotated[int, Field(strict=True, ge=2)]
 
 
@@ -235,6 +259,8 @@ GRID_TYPES: dict[str, type[Frozen]] = {
     "moe": MoeGrid,
     "mla_context": ContextMlaGrid,
     "mla_generation": GenerationMlaGrid,
+    "mla_context_module": ContextMlaModuleGrid,
+    "mla_generation_module": GenerationMlaModuleGrid,
     "comm": CommGrid,
     "custom_allreduce": CustomAllreduceGrid,
 }

@@ -324,7 +324,9 @@ def render_coverage(report: dict) -> str:
             f"{t['missing']:,} missing; the plan has {t['plan_keys']:,} keys"
         )
         agreement = t.get("dispatch")
-        if agreement is not None:
+        if agreement is not None and agreement["rows"] == 0:
+            lines.append("      dispatch: no row of the table at a key the plan has")
+        elif agreement is not None:
             lines.append(
                 f"      dispatch names the table's kernel_source in {agreement['agreeing']:,} of "
                 f"{agreement['rows']:,} rows at covered keys ({agreement['percent']:.1f}%)"

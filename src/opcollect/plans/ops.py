@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opcollect.plans import attention, comm, gemm, mla, moe
+from opcollect.plans import attention, comm, gemm, mla, mla_module, moe
 from opcollect.plans.base import OpPlan
 
 OPS: dict[str, OpPlan] = {
@@ -14,6 +14,8 @@ OPS: dict[str, OpPlan] = {
         moe.PLAN,
         mla.CONTEXT,
         mla.GENERATION,
+        mla_module.CONTEXT,
+        mla_module.GENERATION,
         comm.PLAN,
         comm.CUSTOM_ALLREDUCE,
     )

@@ -180,6 +180,22 @@ SKIPS: list[Skip] = [
     # sglang_graph, sglang_eager; TRT-LLM: trtllm); plans/comm.py dispatches another framework's variant to
     # not-this-framework, as this backend has no runner for it.
     skip("custom-allreduce-own-variants-only", op="custom_allreduce", dispatch="not-this-framework"),
+    # vLLM's MLA is timed as its whole module (DeepseekV2MLAAttention: projections, norms, rope and the MLA
+    # backend), into the module tables, as the reference collector records vLLM (mla/vllm/0.24.0 holds only
+    # mla_*_module_perf); the kernel-only MLA tables are the other frameworks'.
+    skip("vllm-mla-as-a-module", backend="vllm", op=["mla_context", "mla_generation"]),
+    # The module tables are vLLM's: plain PyTorch has no MLA module, and SGLang's and TensorRT-LLM's MLA is
+    # timed as the kernel (context_mla_perf, generation_mla_perf), as their reference tables are.
+    skip(
+        "mla-module-is-vllms", backend=["torch", "sglang", "trtllm"], op=["mla_context_module", "mla_generation_module"]
+    ),
+    # The module's projections in block fp8 need the fp8 tensor cores of SM89 and newer, as fp8-block-needs-sm89.
+    skip(
+        "mla-module-fp8-block-needs-sm89",
+        op=["mla_context_module", "mla_generation_module"],
+        gemm_type="fp8_block",
+        sm=["80", "86"],
+    ),
 ]
 
 

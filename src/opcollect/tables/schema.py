@@ -44,6 +44,8 @@ SWEEP_AXIS = {
     "moe": "num_tokens",
     "mla_context": "isl",
     "mla_generation": "batch_size",
+    "mla_context_module": "isl",
+    "mla_generation_module": "batch_size",
     "comm": "message_size",
     "custom_allreduce": "message_size",
 }

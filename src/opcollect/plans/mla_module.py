@@ -1,0 +1,80 @@
+"""A framework's whole MLA module (DeepSeek's attention block: projections, norms, rope and the MLA kernel)
+at one rank, context and generation: the module tables of the reference (mla_*_module_perf).
+
+vLLM times its DeepseekV2MLAAttention this way; the kernel-only MLA tables (plans/mla.py) are the other
+frameworks'. num_heads are the heads on the rank and tp_size is 1, as the reference labels these tables.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from opcollect.cases.grids import ContextMlaModuleGrid, GenerationMlaModuleGrid, MlaModuleGrid
+from opcollect.names import BACKENDS
+from opcollect.plans import mla
+from opcollect.plans.base import Group, OpPlan, make_groups
+
+
+class MlaModuleCase(NamedTuple):
+    model: str
+    architecture: str
+    mla_dtype: str
+    kv_cache_dtype: str
+    gemm_type: str
+    num_heads: int  # on the rank
+    batch_size: int
+    isl: int
+    tp_size: int
+    step: int
+
+
+def _expand(op: str, grid: MlaModuleGrid, lengths: list[int], context: bool) -> list[Group]:
+    rows: dict[tuple, list[tuple]] = {}
+    for p in grid.precisions:
+        for gemm_type in grid.gemm_types:
+            rows[(p.mla_dtype, p.kv_cache_dtype, gemm_type)] = [
+                (m.model, m.architecture, p.mla_dtype, p.kv_cache_dtype, gemm_type, heads, batch, *shape)
+                for m in grid.models
+                for heads in sorted(grid.num_heads, reverse=True)
+                for batch in grid.batch_size
+                for length in lengths
+                if batch * length <= grid.max_tokens
+                for shape in [(length, 1, 0) if context else (1, 1, length)]
+            ]
+    return make_groups(op, MlaModuleCase, ("mla_dtype", "kv_cache_dtype", "gemm_type"), rows)
+
+
+def expand_context(grid: ContextMlaModuleGrid, shapes) -> list[Group]:
+    return _expand("mla_context_module", grid, grid.isl, context=True)
+
+
+def expand_generation(grid: GenerationMlaModuleGrid, shapes) -> list[Group]:
+    return _expand("mla_generation_module", grid, grid.step, context=False)
+
+
+def _vllm_context(sm: str, dispatch: str, case: MlaModuleCase) -> str:
+    return mla._vllm_context(sm, dispatch, case)
+
+
+def _plan(name: str, table: str, expand, cost, case_dispatch) -> OpPlan:
+    return OpPlan(
+        name=name,
+        family="mla",
+        table=table,
+        op_name=name,
+        case_type=MlaModuleCase,
+        dtype_fields=("mla_dtype", "kv_cache_dtype", "gemm_type"),
+        expand=expand,
+        tp_sizes=lambda grid: (),
+        # the MLA backend the framework selects inside the module: plans/mla.py's per SM and KV dtype; the
+        # backends without module tables skip these ops (plans/skips.py)
+        dispatch={backend: mla.CONTEXT.dispatch[backend] for backend in BACKENDS},
+        cost=cost,
+        case_dispatch=case_dispatch,
+    )
+
+
+CONTEXT = _plan(
+    "mla_context_module", "mla_context_module_perf", expand_context, mla.CONTEXT.cost, {"vllm": _vllm_context}
+)
+GENERATION = _plan("mla_generation_module", "mla_generation_module_perf", expand_generation, mla.GENERATION.cost, {})

@@ -1,0 +1,3 @@
+from vllm.config import VllmConfig
+
+__all__ = ["VllmConfig"]

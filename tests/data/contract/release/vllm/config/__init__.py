@@ -1,0 +1,1 @@
+from .vllm import *  # noqa: F403

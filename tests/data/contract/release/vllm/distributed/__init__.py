@@ -1,0 +1,1 @@
+from .parallel_state import *  # noqa: F403

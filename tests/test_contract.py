@@ -1,0 +1,92 @@
+"""`opcollect contract`: the framework symbols runners use, resolved in a release without importing it.
+
+Runs against a made-up release and runner in tests/data/contract (see its README), then against copies
+doctored to lose a used symbol, a used parameter and a used module attribute: each is reported with the
+runner's file and line.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from opcollect.backends.symbols import Release, check, contract, runner_uses
+from opcollect.errors import InputError
+
+DATA = Path(__file__).parent / "data" / "contract"
+
+
+@pytest.fixture
+def tree(tmp_path) -> tuple[Path, Path]:
+    """(backends dir holding vllm/gemm.py, release dir) as copies a test may doctor."""
+    backends = tmp_path / "src" / "opcollect" / "backends"
+    shutil.copytree(DATA / "runners", backends)
+    shutil.copytree(DATA / "release", tmp_path / "release")
+    return backends, tmp_path / "release"
+
+
+def test_every_use_of_the_runner_resolves(tree):
+    backends, release = tree
+    uses = runner_uses(backends / "vllm", ("vllm",), backends.parents[2])
+    labels = {u.label for u in uses}
+    assert {
+        "vllm.VllmConfig",
+        "vllm.envs",
+        "vllm.config.set_current_vllm_config",
+        "vllm.distributed.ensure_model_parallel_initialized",
+        "vllm.model_executor.layers.linear.RowParallelLinear",
+        "vllm.envs.VLLM_USE_DEEP_GEMM",
+    } <= labels
+    keywords = {u.label: u.keywords for u in uses if u.keywords}
+    assert keywords["vllm.model_executor.layers.linear.RowParallelLinear"] == ("bias", "disable_tp")
+    assert keywords["vllm.model_executor.layers.linear.ReplicatedLinear"] == ("quant_config",)  # the base's __init__
+    assert check(uses, Release(release)) == []
+    checked, misses = contract("vllm", release, backends)
+    assert checked == len(uses) and misses == []
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_a_doctored_release_is_reported_at_the_runners_line(tree):
+    backends, release = tree
+    _edit(release / "vllm/config/vllm.py", "def set_current_vllm_config(", "def set_vllm_config(")
+    _edit(release / "vllm/model_executor/layers/linear.py", "*, disable_tp=False", "*, disable_tp_group=False")
+    _edit(release / "vllm/envs.py", "VLLM_USE_DEEP_GEMM", "VLLM_DEEP_GEMM")
+    _, misses = contract("vllm", release, backends)
+    lines = sorted(m.render() for m in misses)
+    assert any(
+        line.startswith("src/opcollect/backends/vllm/gemm.py:6: vllm.config.set_current_vllm_config: not defined")
+        for line in lines
+    ), lines
+    assert (
+        "src/opcollect/backends/vllm/gemm.py:13: vllm.model_executor.layers.linear.RowParallelLinear: "
+        "no parameter 'disable_tp'" in lines
+    ), lines
+    assert any(
+        line.startswith("src/opcollect/backends/vllm/gemm.py:15: vllm.envs.VLLM_USE_DEEP_GEMM") for line in lines
+    )
+    assert len(misses) == 3
+
+
+def test_the_cli_passes_fails_and_refuses(tree, tmp_path):
+    backends, release = tree
+    wheel = shutil.make_archive(str(tmp_path / "vllm-0.0-py3-none-any"), "zip", release)
+    wheel = Path(wheel).rename(tmp_path / "vllm-0.0-py3-none-any.whl")
+    assert contract("vllm", wheel, backends)[1] == []  # a wheel is read in place
+    with pytest.raises(InputError, match="checked nothing: give the pinned release"):
+        contract("vllm", None, backends)
+    with pytest.raises(InputError, match="holds no runner yet"):
+        contract("sglang", release, backends)
+    done = run_cli("contract", "vllm", "--source", str(tmp_path / "nowhere"))
+    assert (
+        done.returncode == 2
+        and "neither a .whl file nor a source directory" in done.stderr
+        or ("holds no runner yet" in done.stderr)
+    )
