@@ -40,6 +40,9 @@ COPIED_FILES = ("pins.yaml", "pyproject.toml", "README.md")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".ruff_cache")
 
 PLANS = "tests/test_planted_plans.py"
+DISPATCH = "tests/test_vllm_dispatch.py"
+CONTRACT = "tests/test_contract.py"
+BACKEND = "tests/test_backend_contract.py"
 RUNTIME = "tests/test_planted_runtime.py"
 POOL = "tests/test_planted_pool.py"
 TABLES = "tests/test_planted_tables.py"
@@ -647,6 +650,91 @@ MUTANTS: list[Mutant] = [
         '    after_latency=("backend",),\n',
         "",
         f"{COMM}::test_the_variant_is_part_of_the_custom_allreduce_key",
+    ),
+    # ---- vLLM dispatch, the runtime's contract and plan reader, the symbol contract ---------------------
+    m(
+        "fp8-block-flashinfer-threshold-off-by-one",
+        "plans/gemm.py",
+        'return "FlashInferFp8BlockScaledMMKernel" if case.m < 32 else',
+        'return "FlashInferFp8BlockScaledMMKernel" if case.m <= 32 else',
+        f"{DISPATCH}::test_fp8_block_gemm_by_shape",
+    ),
+    m(
+        "fp8-block-alignment-ignores-k",
+        "plans/gemm.py",
+        "aligned = case.n % 64 == 0 and case.k % 128 == 0",
+        "aligned = case.n % 64 == 0",
+        f"{DISPATCH}::test_fp8_block_gemm_by_shape",
+    ),
+    m(
+        "attention-fa4-from-head-256",
+        "plans/attention.py",
+        'return "vllm_flash_attn_fa4" if case.head_dim > 256 else "vllm_flash_attn_fa3"',
+        'return "vllm_flash_attn_fa4" if case.head_dim >= 256 else "vllm_flash_attn_fa3"',
+        f"{DISPATCH}::test_attention_kernel_by_sm_and_head",
+    ),
+    m(
+        "mla-prefill-threshold-flashmla-512",
+        "plans/mla.py",
+        'threshold = {"FLASH_ATTN_MLA": 512, "FLASHMLA": 128}.get(dispatch, 1)',
+        'threshold = {"FLASH_ATTN_MLA": 512, "FLASHMLA": 512}.get(dispatch, 1)',
+        f"{DISPATCH}::test_mla_context_runs_the_prefill_backend_past_the_decode_threshold",
+    ),
+    m(
+        "moe-fp8-block-split-by-tp",
+        "plans/moe.py",
+        'if sm == "90" and case.moe_ep_size > 1:',
+        'if sm == "90" and case.moe_tp_size > 1:',
+        f"{DISPATCH}::test_moe_fp8_block_by_expert_split_and_mxfp4_by_model",
+    ),
+    m(
+        "planner-ignores-case-dispatch",
+        "plans/planner.py",
+        "refine = op.case_dispatch.get(backend)",
+        "refine = None",
+        f"{DISPATCH}::test_sm90_dispatch_names_the_reference_kernel_source",
+    ),
+    m(
+        "registry-ignores-version",
+        "runtime/contract.py",
+        "if runner.versions is None or version in runner.versions:",
+        "if True:",
+        f"{BACKEND}::test_registry_routes_by_version_and_dispatch",
+    ),
+    m(
+        "registry-any-before-exact",
+        "runtime/contract.py",
+        "for key in ((op, dispatch), (op, ANY_DISPATCH)):",
+        "for key in ((op, ANY_DISPATCH), (op, dispatch)):",
+        f"{BACKEND}::test_registry_routes_by_version_and_dispatch",
+    ),
+    m(
+        "plan-reader-trusts-columns",
+        "runtime/planfile.py",
+        'columns = [_field(raw_columns, f, list, f"{where}columns.") for f in fields]',
+        "columns = [raw_columns.get(f, []) for f in fields]",
+        f"{BACKEND}::test_the_runtime_reads_a_plan_as_typed_cases",
+    ),
+    m(
+        "contract-ignores-keywords",
+        "backends/symbols.py",
+        "if keyword not in names and not open_ended:",
+        "if False:",
+        f"{CONTRACT}::test_a_doctored_release_is_reported_at_the_runners_line",
+    ),
+    m(
+        "contract-star-import-ignores-all",
+        "backends/symbols.py",
+        "if exported is None or name in exported:",
+        "if exported is not None and name in exported:",
+        f"{CONTRACT}::test_every_use_of_the_runner_resolves",
+    ),
+    m(
+        "contract-base-init-unfollowed",
+        "backends/symbols.py",
+        "return _parameters(release, parent, depth + 1)",
+        "return None",
+        f"{CONTRACT}::test_a_doctored_release_is_reported_at_the_runners_line",
     ),
 ]
 

@@ -59,20 +59,21 @@ def test_a_doctored_release_is_reported_at_the_runners_line(tree):
     _edit(release / "vllm/config/vllm.py", "def set_current_vllm_config(", "def set_vllm_config(")
     _edit(release / "vllm/model_executor/layers/linear.py", "*, disable_tp=False", "*, disable_tp_group=False")
     _edit(release / "vllm/envs.py", "VLLM_USE_DEEP_GEMM", "VLLM_DEEP_GEMM")
+    # ReplicatedLinear takes LinearBase's __init__: a parameter gone there is gone for it
+    _edit(
+        release / "vllm/model_executor/layers/linear.py",
+        "params_dtype=None, quant_config=None):",
+        "params_dtype=None):",
+    )
     _, misses = contract("vllm", release, backends)
     lines = sorted(m.render() for m in misses)
-    assert any(
-        line.startswith("src/opcollect/backends/vllm/gemm.py:6: vllm.config.set_current_vllm_config: not defined")
-        for line in lines
-    ), lines
-    assert (
-        "src/opcollect/backends/vllm/gemm.py:13: vllm.model_executor.layers.linear.RowParallelLinear: "
-        "no parameter 'disable_tp'" in lines
-    ), lines
-    assert any(
-        line.startswith("src/opcollect/backends/vllm/gemm.py:15: vllm.envs.VLLM_USE_DEEP_GEMM") for line in lines
-    )
-    assert len(misses) == 3
+    runner = "src/opcollect/backends/vllm/gemm.py"
+    linear = "vllm.model_executor.layers.linear"
+    assert any(line.startswith(f"{runner}:6: vllm.config.set_current_vllm_config: not defined") for line in lines)
+    assert f"{runner}:13: {linear}.RowParallelLinear: no parameter 'disable_tp'" in lines, lines
+    assert f"{runner}:14: {linear}.ReplicatedLinear: no parameter 'quant_config'" in lines, lines
+    assert any(line.startswith(f"{runner}:15: vllm.envs.VLLM_USE_DEEP_GEMM: not defined") for line in lines), lines
+    assert len(misses) == 4
 
 
 def test_the_cli_passes_fails_and_refuses(tree, tmp_path):
