@@ -41,6 +41,7 @@ IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_
 
 PLANS = "tests/test_planted_plans.py"
 DISPATCH = "tests/test_vllm_dispatch.py"
+SGLANG = "tests/test_sglang_dispatch.py"
 CONTRACT = "tests/test_contract.py"
 BACKEND = "tests/test_backend_contract.py"
 RUNTIME = "tests/test_planted_runtime.py"
@@ -662,8 +663,8 @@ MUTANTS: list[Mutant] = [
     m(
         "fp8-block-alignment-ignores-k",
         "plans/gemm.py",
-        "aligned = case.n % 64 == 0 and case.k % 128 == 0",
-        "aligned = case.n % 64 == 0",
+        'aligned = case.n % 64 == 0 and case.k % 128 == 0\n        if aligned and sm == "90":',
+        'aligned = case.n % 64 == 0\n        if aligned and sm == "90":',
         f"{DISPATCH}::test_fp8_block_gemm_by_shape",
     ),
     m(
@@ -735,6 +736,28 @@ MUTANTS: list[Mutant] = [
         "return _parameters(release, parent, depth + 1)",
         "return None",
         f"{CONTRACT}::test_a_doctored_release_is_reported_at_the_runners_line",
+    ),
+    m(
+        "sglang-block-fp8-alignment-ignores-n",
+        "plans/gemm.py",
+        'aligned = case.n % 64 == 0 and case.k % 128 == 0\n        return "sglang_deepgemm',
+        'aligned = case.k % 128 == 0\n        return "sglang_deepgemm',
+        f"{SGLANG}::test_gemm_by_dtype_and_shape",
+    ),
+    m(
+        "sglang-gemma4-window-ignored",
+        "plans/attention.py",
+        "gemma4 = case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)",
+        "gemma4 = case.head_dim == 512",
+        f"{SGLANG}::test_gemma4_heads_run_on_triton_below_sm100",
+        f"{SGLANG}::test_sm90_dispatch_names_the_reference_kernel_source",
+    ),
+    m(
+        "sglang-nemotron-moe-on-triton",
+        "plans/moe.py",
+        'if case.topk in _NEMOTRON_H_TOPK and dispatch == "bfloat16":',
+        "if False:",
+        f"{SGLANG}::test_moe_by_model",
     ),
 ]
 

@@ -105,7 +105,7 @@ def test_fp8_block_on_sm89_where_the_framework_has_a_kernel(planner):
     assert "fp8_block" not in dtypes("trtllm", "moe")  # grouped block-scaled GEMM is DeepGEMM (SM90+) only
     # SGLang 0.5.14 falls back to its Triton block-fp8 GEMM below SM90 (fp8_utils.py:_dispatch_auto_backend)
     sglang = planner.plan("sglang", "89", PlanOptions(ops=("gemm",))).ops["gemm"]
-    assert sglang.by_dtype["fp8_block"] > 0 and "triton_w8a8_block_fp8" in sglang.by_dispatch
+    assert sglang.by_dtype["fp8_block"] > 0 and "sglang_triton_w8a8_block_fp8" in sglang.by_dispatch
     sm86 = planner.plan("vllm", "86", PlanOptions(ops=("gemm", "moe")))
     assert all("fp8_block" not in s.by_dtype for s in sm86.ops.values())
 

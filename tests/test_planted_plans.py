@@ -192,7 +192,11 @@ def test_sm_at_least_is_inclusive():
 
 def test_dispatch_switches_at_the_documented_sm(planner):
     sglang90 = planner.plan("sglang", "90", PlanOptions(ops=("gemm",))).ops["gemm"]
-    assert "deep_gemm" in sglang90.by_dispatch  # DeepGEMM needs Hopper (SM90) or newer
+    assert "sglang_deepgemm_gemm_nt_f8f8bf16" in sglang90.by_dispatch  # DeepGEMM needs Hopper (SM90) or newer
+    vllm90 = planner.plan("vllm", "90", PlanOptions(ops=("gemm",))).ops["gemm"]
+    # vLLM's CUTLASS block-fp8 kernel from SM90 on takes the shapes DeepGEMM cannot
+    assert "CutlassFp8BlockScaledMMKernel" in vllm90.by_dispatch
+    assert "TritonFp8BlockScaledMMKernel" not in vllm90.by_dispatch
     vllm100 = planner.plan("vllm", "100", PlanOptions(ops=("attention_context",))).ops["attention_context"]
     vllm90 = planner.plan("vllm", "90", PlanOptions(ops=("attention_context",))).ops["attention_context"]
     assert "vllm_flashinfer_trtllmprefill" in vllm100.by_dispatch  # FlashInfer's TRT-LLM kernels on Blackwell

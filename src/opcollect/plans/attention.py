@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import AttentionGrid, ContextAttentionGrid, GenerationAttentionGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans.base import Group, OpPlan, make_groups, sm_at_least
+from opcollect.plans.base import Group, OpPlan, make_groups
 from opcollect.plans.gemm import model_origins
 
 
@@ -190,9 +190,19 @@ def _vllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
 
 
 def _sglang(sm: str, group: Group) -> str:
+    # SGLang 0.5.14 _get_default_attn_backend (sglang/srt/server_args.py:4431-4455): fa3 on Hopper, trtllm_mha on
+    # SM100/103, flashinfer elsewhere; the reference labels a row with the backend's name
     if sm == "90":
         return "fa3"
-    return "trtllm_mha" if sm_at_least(sm, 100) else "flashinfer"
+    return "trtllm_mha" if sm in ("100", "103") else "flashinfer"
+
+
+def _sglang_case(sm: str, dispatch: str, case: AttentionCase) -> str:
+    # Gemma-4's global (head_dim 512) and sliding-window (head_dim 256, window 1024) layers run on triton
+    # wherever trtllm_mha does not (server_args.py:4057-4084: _handle_model_specific_adjustments); these head
+    # configs are Gemma-4's in the grids
+    gemma4 = case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)
+    return "triton" if gemma4 and dispatch != "trtllm_mha" else dispatch
 
 
 def _trtllm_context(sm: str, group: Group) -> str:
@@ -217,7 +227,7 @@ CONTEXT = OpPlan(
     expand=expand_context,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_context},
-    case_dispatch={"vllm": _vllm_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
     cost=_context_cost,
 )
 
@@ -231,6 +241,6 @@ GENERATION = OpPlan(
     expand=expand_generation,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_generation},
-    case_dispatch={"vllm": _vllm_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
     cost=_generation_cost,
 )

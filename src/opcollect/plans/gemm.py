@@ -85,11 +85,37 @@ def _vllm_case(sm: str, dispatch: str, case: GemmCase) -> str:
 
 
 def _sglang(sm: str, group: Group) -> str:
+    """SGLang 0.5.14's linear kernel per dtype, named as the reference labels it (collector/sglang/
+    collect_gemm.py:329-337); shape-dependent choices: _sglang_case. Paths are in the wheel's sglang/srt/."""
+    if group.dtype == "fp8":
+        return "fp8"  # by shape: _sglang_case
     if group.dtype == "fp8_block":
-        return "deep_gemm" if sm_at_least(sm, 90) else "triton_w8a8_block_fp8"
-    return {"fp8": "sgl_kernel.fp8_scaled_mm", "nvfp4": "sgl_kernel.cutlass_scaled_fp4_mm"}.get(
-        group.dtype, "torch.nn.functional.linear"
-    )
+        # dispatch_w8a8_block_fp8_linear (layers/quantization/fp8_utils.py:489-499): DeepGEMM with its fallback
+        # when JIT DeepGEMM is on, which it is from SM90 except SM120 (layers/deep_gemm_wrapper/configurer.py:17-35);
+        # SM120 and older run the Triton kernel (fp8_utils.py:510-519)
+        return "fp8_block" if sm in ("90", "100", "103") else "sglang_triton_w8a8_block_fp8"
+    if group.dtype == "int4_wo":
+        # AWQ/GPTQ/compressed-tensors WNA16 are served by Marlin (layers/quantization/awq/awq.py:302-314,
+        # gptq/gptq.py:384-390, marlin_utils.py:559-590); the wheel has no Machete path
+        return "sglang_gptq_marlin_gemm"
+    if group.dtype == "nvfp4":
+        # initialize_fp4_gemm_config (layers/quantization/fp4_utils.py:149-162): CuTe DSL on SM100, CUTLASS on SM120
+        return "sglang_flashinfer_cutedsl_nvfp4" if sm in ("100", "103") else "sglang_flashinfer_cutlass_nvfp4"
+    return "sglang_torch_linear"  # UnquantizedLinearMethod.apply: F.linear (layers/quantization/unquant.py:139-162)
+
+
+def _sglang_case(sm: str, dispatch: str, case: GemmCase) -> str:
+    if dispatch == "fp8":
+        # apply_fp8_linear: sgl_kernel.fp8_scaled_mm when both weight dims divide by 16, else the Triton
+        # scaled_mm (layers/quantization/fp8_utils.py:1621-1638)
+        fits = case.n % 16 == 0 and case.k % 16 == 0
+        return "sglang_sgl_kernel_fp8_scaled_mm" if fits else "sglang_triton_scaled_mm"
+    if dispatch == "fp8_block":
+        # deepgemm_w8a8_block_fp8_linear_with_fallback: DeepGEMM when N % 64 == 0 and K % 128 == 0, else
+        # triton_w8a8_block_fp8_linear (layers/quantization/fp8_utils.py:712-727, 873-894)
+        aligned = case.n % 64 == 0 and case.k % 128 == 0
+        return "sglang_deepgemm_gemm_nt_f8f8bf16" if aligned else "sglang_triton_w8a8_block_fp8"
+    return dispatch
 
 
 def _trtllm(sm: str, group: Group) -> str:
@@ -112,5 +138,5 @@ PLAN = OpPlan(
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     cost=lambda c: 2.0 * c.m * c.n * c.k + 2.0 * c.n * c.k,
-    case_dispatch={"vllm": _vllm_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
 )

@@ -9,7 +9,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import ContextMlaGrid, GenerationMlaGrid, MlaGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans.base import Group, OpPlan, make_groups, sm_at_least
+from opcollect.plans.base import Group, OpPlan, make_groups
 from opcollect.plans.gemm import model_origins
 
 
@@ -107,9 +107,12 @@ def _vllm_context(sm: str, dispatch: str, case: MlaCase) -> str:
 
 
 def _sglang(sm: str, group: Group) -> str:
+    # SGLang 0.5.14's MLA backend: fa3 on Hopper (sglang/srt/server_args.py:4456-4459), which the reference
+    # labels flash_attention (collector/sglang/collect_mla.py:434-437); trtllm_mla for DeepSeek on SM100/103
+    # (server_args.py:3636-3650); triton elsewhere (server_args.py:4471-4472)
     if sm == "90":
-        return "flashmla"
-    return "trtllm_mla" if sm_at_least(sm, 100) else "triton"
+        return "flash_attention"
+    return "trtllm_mla" if sm in ("100", "103") else "triton"
 
 
 def _trtllm(sm: str, group: Group) -> str:

@@ -153,15 +153,48 @@ def _vllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
 
 
 def _sglang(sm: str, group: Group) -> str:
+    """SGLang 0.5.14's MoE runner per quant mode, named as the reference labels it (collector/sglang/
+    collect_moe.py:598-604); by model: _sglang_case. Paths are in the wheel's sglang/srt/."""
+    family100 = sm in ("100", "103")
     if group.dtype == "nvfp4":
-        return "flashinfer_cutlass_moe"
+        # ModelOptNvFp4FusedMoEMethod in auto: FlashInfer TRT-LLM (layers/quantization/modelopt_quant.py:2317-2324);
+        # SM120 takes FlashInfer CUTLASS (server_args.py:5096-5104)
+        return "sglang_flashinfer_trtllm_moe" if family100 else "sglang_flashinfer_cutlass_moe"
+    if group.dtype in ("int4_wo", "w4a8_mxfp4_mxfp8") and family100:
+        return "sglang_flashinfer_trtllm_moe"
     if group.dtype == "int4_wo":
-        return "flashinfer_trtllm" if sm in ("100", "103") else "marlin_moe"
-    if group.dtype == "w4a16_mxfp4":
-        return {"100": "flashinfer_mxfp4", "103": "flashinfer_mxfp4", "120": "marlin_moe"}.get(sm, "fused_moe_triton")
-    if group.dtype == "w4a8_mxfp4_mxfp8":
-        return "flashinfer_mxfp4"
-    return "fused_moe_triton"
+        # CompressedTensorsWNA16MoE hard-codes Marlin
+        # (layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:412-416)
+        return "sglang_marlin_moe"
+    if group.dtype == "w4a16_mxfp4" and sm == "120":
+        return "sglang_marlin_moe"  # gpt-oss MXFP4 on SM120 (server_args.py:3882-3887)
+    return group.dtype  # the runner depends on the model: _sglang_case
+
+
+# topk of NemotronH's experts (2688/1856/128/6, 2048 and 8192/5120/512/22): their own MoE defaults apply
+_NEMOTRON_H_TOPK = (6, 22)
+_DEEPSEEK_HIDDEN = 7168  # DeepSeek-V3 and Kimi-K2.5: SGLang forces flashinfer_trtllm for them on SM100
+
+
+def _sglang_case(sm: str, dispatch: str, case: MoeCase) -> str:
+    family100 = sm in ("100", "103")
+    if dispatch == "w4a16_mxfp4":
+        if family100:  # gpt-oss MXFP4 on SM100: flashinfer_mxfp4 (server_args.py:3876-3881)
+            return "sglang_flashinfer_trtllm_moe"
+        # Kimi-K3's 896 MXFP4 experts: the reference collector serves them with Marlin under SiLU
+        # (collector/sglang cases KimiK3ForConditionalGeneration_cases.yaml:46-72); gpt-oss stays on Triton
+        return "sglang_marlin_moe_situ_as_silu" if case.num_experts == 896 else "sglang_fused_moe_triton"
+    if dispatch not in ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8"):
+        return dispatch
+    if case.topk in _NEMOTRON_H_TOPK and dispatch == "bfloat16":
+        # apply_nemotron_h_defaults (arg_groups/nemotron_h_hook.py:36-58): flashinfer_trtllm on SM100 without
+        # all-to-all, else flashinfer_cutlass
+        return "sglang_flashinfer_trtllm_moe" if family100 else "sglang_flashinfer_cutlass_moe"
+    if family100 and case.hidden_size == _DEEPSEEK_HIDDEN:
+        return "sglang_flashinfer_trtllm_moe"  # server_args.py:3683-3737
+    # auto resolves to the Triton runner (layers/quantization/unquant.py:405-421; fp8.py:889-903 takes DeepGEMM
+    # only with a DeepEP/Mooncake/NIXL all-to-all)
+    return "sglang_fused_moe_triton"
 
 
 def _trtllm(sm: str, group: Group) -> str:
@@ -180,6 +213,6 @@ PLAN = OpPlan(
     expand=expand,
     tp_sizes=lambda grid: tuple(sorted(set(grid.gpus))),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
-    case_dispatch={"vllm": _vllm_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
     cost=_cost,
 )

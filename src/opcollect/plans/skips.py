@@ -157,9 +157,9 @@ SKIPS: list[Skip] = [
         attn_dtype="bfloat16",
         kv_cache_dtype="fp8",
     ),
-    # SGLang 0.5.14's flashinfer prefill (its backend below SM90) passes the model-dtype query straight to the
-    # kernel with the fp8 cache's scales (layers/attention/flashinfer_backend.py:FlashInferAttnBackend.forward_extend):
-    # there is no fp8-query prefill to time, only bf16/fp8.
+    # SGLang 0.5.14's flashinfer prefill (its backend below SM90 and on SM120) passes the model-dtype query
+    # straight to the kernel with the fp8 cache's scales (layers/attention/flashinfer_backend.py:
+    # FlashInferAttnBackend.forward_extend): there is no fp8-query prefill to time, only bf16/fp8.
     skip(
         "sglang-flashinfer-no-fp8-prefill",
         backend="sglang",
@@ -184,8 +184,8 @@ SKIPS: list[Skip] = [
     # backend), into the module tables, as the reference collector records vLLM (mla/vllm/0.24.0 holds only
     # mla_*_module_perf); the kernel-only MLA tables are the other frameworks'.
     skip("vllm-mla-as-a-module", backend="vllm", op=["mla_context", "mla_generation"]),
-    # The module tables are vLLM's: plain PyTorch has no MLA module, and SGLang's and TensorRT-LLM's MLA is
-    # timed as the kernel (context_mla_perf, generation_mla_perf), as their reference tables are.
+    # Plain PyTorch has no MLA module and SGLang's reference holds the kernel tables only. TensorRT-LLM's
+    # reference has both; its plans time the kernel (context_mla_perf, generation_mla_perf) for now.
     skip(
         "mla-module-is-vllms", backend=["torch", "sglang", "trtllm"], op=["mla_context_module", "mla_generation_module"]
     ),

@@ -1,0 +1,80 @@
+"""The SGLang plan's dispatch follows SGLang 0.5.14's own selection per SM, dtype, shape and model, and names
+the kernel_source the reference tables of SGLang 0.5.14 record (fixture slices of the H200 tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opcollect.plans import attention, gemm, mla, moe
+from opcollect.plans.attention import AttentionCase
+from opcollect.plans.coverage import table_coverage
+from opcollect.plans.gemm import GemmCase
+from opcollect.plans.moe import MoeCase
+from opcollect.plans.ops import OPS
+
+REFERENCE = Path(__file__).parent / "data" / "reference"
+TABLES = {
+    "gemm": REFERENCE / "gemm_slices/sglang/0.5.14/gemm_perf.parquet",
+    "attention_context": REFERENCE / "attention_slices/sglang/0.5.14/context_attention_perf.parquet",
+    "attention_generation": REFERENCE / "attention_slices/sglang/0.5.14/generation_attention_perf.parquet",
+    "moe": REFERENCE / "moe_slices/sglang/0.5.14/moe_perf.parquet",
+    "mla_context": REFERENCE / "mla_slices/sglang/0.5.14/context_mla_perf.parquet",
+    "mla_generation": REFERENCE / "mla_slices/sglang/0.5.14/generation_mla_perf.parquet",
+}
+
+
+@pytest.fixture(scope="module")
+def sm90(planner):
+    return planner.plan("sglang", "90")
+
+
+@pytest.mark.parametrize("op", sorted(TABLES))
+def test_sm90_dispatch_names_the_reference_kernel_source(sm90, op):
+    selection = sm90.ops[op]
+    found = table_coverage(OPS[op], selection.values, TABLES[op], "sglang", selection.dispatch)["dispatch"]
+    assert found["rows"] > 0 and found["percent"] >= 99.0, found
+
+
+def test_gemm_by_dtype_and_shape():
+    rule = gemm._sglang_case
+    assert gemm._sglang("90", _group("bfloat16")) == "sglang_torch_linear"
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 8, 4096, 7168)) == "sglang_deepgemm_gemm_nt_f8f8bf16"
+    # N % 64 or K % 128 not zero: SGLang's own fallback, Triton
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 8, 4096, 7200)) == "sglang_triton_w8a8_block_fp8"
+    assert rule("90", "fp8_block", GemmCase("fp8_block", 8, 4128, 7168)) == "sglang_triton_w8a8_block_fp8"
+    assert gemm._sglang("120", _group("fp8_block")) == "sglang_triton_w8a8_block_fp8"  # no JIT DeepGEMM on SM120
+    assert rule("90", "fp8", GemmCase("fp8", 8, 4096, 7168)) == "sglang_sgl_kernel_fp8_scaled_mm"
+    assert rule("90", "fp8", GemmCase("fp8", 8, 4100, 7168)) == "sglang_triton_scaled_mm"
+    assert gemm._sglang("100", _group("nvfp4")) == "sglang_flashinfer_cutedsl_nvfp4"
+
+
+def _group(dtype: str):
+    return type("G", (), {"dtype": dtype, "constants": {}})()
+
+
+def test_gemma4_heads_run_on_triton_below_sm100():
+    rule = attention._sglang_case
+    swa = AttentionCase(1, 1024, 16, 8, 256, 1, "bfloat16", "bfloat16", 0, 1024)
+    plain = AttentionCase(1, 1024, 16, 8, 256, 1, "bfloat16", "bfloat16", 0, 0)
+    assert rule("90", "fa3", swa) == "triton" and rule("90", "fa3", plain) == "fa3"
+    assert rule("100", "trtllm_mha", swa) == "trtllm_mha"
+    assert attention._sglang("120", None) == "flashinfer" and attention._sglang("103", None) == "trtllm_mha"
+    assert mla._sglang("90", None) == "flash_attention" and mla._sglang("100", None) == "trtllm_mla"
+
+
+def test_moe_by_model():
+    rule = moe._sglang_case
+    nemotron = MoeCase("bfloat16", 64, 2688, 1856, 6, 128, 1, 1, "balanced")
+    llama4 = MoeCase("bfloat16", 64, 5120, 8192, 1, 16, 1, 1, "balanced")
+    deepseek = MoeCase("fp8_block", 64, 7168, 2048, 8, 256, 1, 8, "balanced")
+    kimi_k3 = MoeCase("w4a16_mxfp4", 64, 3584, 3072, 16, 896, 1, 1, "balanced")
+    gpt_oss = MoeCase("w4a16_mxfp4", 64, 2880, 2880, 4, 128, 1, 1, "balanced")
+    assert rule("90", "bfloat16", nemotron) == "sglang_flashinfer_cutlass_moe"
+    assert rule("100", "bfloat16", nemotron) == "sglang_flashinfer_trtllm_moe"
+    assert rule("90", "bfloat16", llama4) == "sglang_fused_moe_triton"
+    assert rule("90", "fp8_block", deepseek) == "sglang_fused_moe_triton"
+    assert rule("100", "fp8_block", deepseek) == "sglang_flashinfer_trtllm_moe"
+    assert rule("90", "w4a16_mxfp4", kimi_k3) == "sglang_marlin_moe_situ_as_silu"
+    assert rule("90", "w4a16_mxfp4", gpt_oss) == "sglang_fused_moe_triton"
