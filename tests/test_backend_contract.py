@@ -95,3 +95,31 @@ def test_the_runtime_reads_a_plan_as_typed_cases(tmp_path):
     (tmp_path / "edited.json").write_text(json.dumps(data))
     with pytest.raises(Exception, match="field 'ops.gemm.columns.kk': missing"):
         read_plan(tmp_path / "edited.json")
+
+
+def test_the_run_summary_counts_rows_that_ran_another_kernel(tmp_path):
+    from conftest import fake_run
+
+    from opcollect.plans.gemm import GemmCase
+    from opcollect.runtime.run import _dispatch_misses, describe_run_dir
+
+    cases = [GemmCase("fp8_block", m, 4096, 7168) for m in (1, 64)]
+    run = fake_run(tmp_path / "run", cases, kernel_source="DeepGemmFp8BlockScaledMMKernel")
+    assert describe_run_dir(run, 2).endswith("; every row ran the kernel its plan named")
+    records = [
+        {
+            "status": "ok",
+            "dispatch": "DeepGemmFp8BlockScaledMMKernel",
+            "kernel_source": "CutlassFp8BlockScaledMMKernel",
+        },
+        {
+            "status": "ok",
+            "dispatch": "DeepGemmFp8BlockScaledMMKernel",
+            "kernel_source": "DeepGemmFp8BlockScaledMMKernel",
+        },
+        {"status": "failed", "dispatch": "DeepGemmFp8BlockScaledMMKernel", "error_class": "oom"},
+    ]
+    assert _dispatch_misses(records) == (
+        "; 1 rows ran another kernel than the plan named: "
+        "DeepGemmFp8BlockScaledMMKernel ran CutlassFp8BlockScaledMMKernel (1)"
+    )

@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import socket
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -182,5 +183,19 @@ def describe_run_dir(run_dir: Path, planned: int) -> str:
     classes = ", ".join(f"{k} {v}" for k, v in sorted(total_failed.items())) or "none"
     return (
         f"{run_dir}: {total_ok} rows, failures {classes}, {planned - len(state.latest)} of {planned} planned "
-        "cases missing"
+        "cases missing" + _dispatch_misses(state.latest.values())
     )
+
+
+def _dispatch_misses(records) -> str:
+    """Rows whose kernel_source (what ran) is not the plan's dispatch (what the plan predicted), by pair."""
+    pairs = Counter(
+        (r.get("dispatch"), r.get("kernel_source"))
+        for r in records
+        if r["status"] == "ok" and r.get("kernel_source") != r.get("dispatch")
+    )
+    if not pairs:
+        return "; every row ran the kernel its plan named"
+    shown = ", ".join(f"{d} ran {k} ({n})" for (d, k), n in pairs.most_common(3))
+    more = f", {len(pairs) - 3} more pairs" if len(pairs) > 3 else ""
+    return f"; {sum(pairs.values())} rows ran another kernel than the plan named: {shown}{more}"
