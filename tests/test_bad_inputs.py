@@ -443,6 +443,12 @@ ROWS = [
         write("{run}/run.json", "{not json"),
     ),
     Row(
+        "run-a-backend-without-runners",
+        ("run", "--plan", "{tmp}/vllm-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
+        "backend 'vllm': this collector has no runners for it yet",
+        lambda c: gemm_plan(c.tmp / "vllm-plan.json", [(1, 8, 8)], backend="vllm", dtype="bfloat16"),
+    ),
+    Row(
         "resume-nothing-there",
         (*RUN[:-2], "--resume"),
         "out: does not exist, so there is nothing to resume; drop --resume",
