@@ -42,6 +42,7 @@ IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_
 PLANS = "tests/test_planted_plans.py"
 DISPATCH = "tests/test_vllm_dispatch.py"
 SGLANG = "tests/test_sglang_dispatch.py"
+REFERENCE = "tests/test_dispatch_vs_reference.py"
 CONTRACT = "tests/test_contract.py"
 BACKEND = "tests/test_backend_contract.py"
 RUNTIME = "tests/test_planted_runtime.py"
@@ -693,7 +694,7 @@ MUTANTS: list[Mutant] = [
         "plans/planner.py",
         "refine = op.case_dispatch.get(backend)",
         "refine = None",
-        f"{DISPATCH}::test_sm90_dispatch_names_the_reference_kernel_source",
+        f"{REFERENCE}::test_sm90_dispatch_names_the_reference_kernel_source",
     ),
     m(
         "registry-ignores-version",
@@ -747,17 +748,25 @@ MUTANTS: list[Mutant] = [
     m(
         "sglang-gemma4-window-ignored",
         "plans/attention.py",
-        "gemma4 = case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)",
-        "gemma4 = case.head_dim == 512",
+        "return case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)",
+        "return case.head_dim == 512",
         f"{SGLANG}::test_gemma4_heads_run_on_triton_below_sm100",
-        f"{SGLANG}::test_sm90_dispatch_names_the_reference_kernel_source",
+        f"{REFERENCE}::test_sm90_dispatch_names_the_reference_kernel_source",
     ),
     m(
         "sglang-nemotron-moe-on-triton",
         "plans/moe.py",
-        'if case.topk in _NEMOTRON_H_TOPK and dispatch == "bfloat16":',
+        'if _nemotron_h(case) and dispatch == "bfloat16":',
         "if False:",
         f"{SGLANG}::test_moe_by_model",
+    ),
+    m(
+        "trtllm-nongated-by-topk",
+        "plans/moe.py",
+        'if dispatch == "moe_torch_flow_cutlass" and _nemotron_h(case):',
+        'if dispatch == "moe_torch_flow_cutlass" and case.topk in (6, 22):',
+        f"{SGLANG}::test_trtllm_labels_as_its_reference_collector",
+        f"{REFERENCE}::test_sm90_dispatch_names_the_reference_kernel_source",
     ),
 ]
 

@@ -1,40 +1,12 @@
-"""The SGLang plan's dispatch follows SGLang 0.5.14's own selection per SM, dtype, shape and model, and names
-the kernel_source the reference tables of SGLang 0.5.14 record (fixture slices of the H200 tables)."""
+"""The SGLang and TensorRT-LLM plans' dispatch follows each framework's selection per SM, dtype, shape and model
+(its agreement with the reference tables: tests/test_dispatch_vs_reference.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from opcollect.plans import attention, gemm, mla, moe
 from opcollect.plans.attention import AttentionCase
-from opcollect.plans.coverage import table_coverage
 from opcollect.plans.gemm import GemmCase
 from opcollect.plans.moe import MoeCase
-from opcollect.plans.ops import OPS
-
-REFERENCE = Path(__file__).parent / "data" / "reference"
-TABLES = {
-    "gemm": REFERENCE / "gemm_slices/sglang/0.5.14/gemm_perf.parquet",
-    "attention_context": REFERENCE / "attention_slices/sglang/0.5.14/context_attention_perf.parquet",
-    "attention_generation": REFERENCE / "attention_slices/sglang/0.5.14/generation_attention_perf.parquet",
-    "moe": REFERENCE / "moe_slices/sglang/0.5.14/moe_perf.parquet",
-    "mla_context": REFERENCE / "mla_slices/sglang/0.5.14/context_mla_perf.parquet",
-    "mla_generation": REFERENCE / "mla_slices/sglang/0.5.14/generation_mla_perf.parquet",
-}
-
-
-@pytest.fixture(scope="module")
-def sm90(planner):
-    return planner.plan("sglang", "90")
-
-
-@pytest.mark.parametrize("op", sorted(TABLES))
-def test_sm90_dispatch_names_the_reference_kernel_source(sm90, op):
-    selection = sm90.ops[op]
-    found = table_coverage(OPS[op], selection.values, TABLES[op], "sglang", selection.dispatch)["dispatch"]
-    assert found["rows"] > 0 and found["percent"] >= 99.0, found
 
 
 def test_gemm_by_dtype_and_shape():
@@ -78,3 +50,19 @@ def test_moe_by_model():
     assert rule("100", "fp8_block", deepseek) == "sglang_flashinfer_trtllm_moe"
     assert rule("90", "w4a16_mxfp4", kimi_k3) == "sglang_marlin_moe_situ_as_silu"
     assert rule("90", "w4a16_mxfp4", gpt_oss) == "sglang_fused_moe_triton"
+
+
+def test_trtllm_labels_as_its_reference_collector():
+    from opcollect.plans import attention as a
+    from opcollect.plans import gemm as g
+    from opcollect.plans import moe as m
+
+    assert g._trtllm("90", _group("fp8_block")) == "torch_flow" and g._trtllm("100", _group("fp8_block")) == "deepgemm"
+    gemma4 = AttentionCase(1, 1024, 16, 8, 256, 1, "bfloat16", "bfloat16", 0, 1024)
+    assert a._trtllm_case("90", "torch_flow", gemma4) == "torch_flow"
+    assert a._trtllm_case("100", "torch_flow", gemma4) == "torch_flow_flashinfer"
+    nemotron = MoeCase("bfloat16", 64, 2688, 1856, 6, 128, 1, 1, "balanced")
+    topk6 = MoeCase("bfloat16", 64, 4096, 2048, 6, 256, 1, 1, "balanced")  # gated, though its topk is 6
+    assert m._trtllm_case("90", "moe_torch_flow_cutlass", nemotron) == "moe_torch_flow_nongated"
+    assert m._trtllm_case("90", "moe_torch_flow_cutlass", topk6) == "moe_torch_flow_cutlass"
+    assert m._trtllm("90", _group("w4a16_mxfp4")) == "moe_torch_flow"

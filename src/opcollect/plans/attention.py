@@ -197,20 +197,27 @@ def _sglang(sm: str, group: Group) -> str:
     return "trtllm_mha" if sm in ("100", "103") else "flashinfer"
 
 
+def _gemma4(case: AttentionCase) -> bool:
+    """Gemma-4's global (head_dim 512) and sliding-window (head_dim 256, window 1024) layers: in the grids these
+    head configs are Gemma-4's, which the frameworks serve on their own attention paths."""
+    return case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)
+
+
 def _sglang_case(sm: str, dispatch: str, case: AttentionCase) -> str:
-    # Gemma-4's global (head_dim 512) and sliding-window (head_dim 256, window 1024) layers run on triton
-    # wherever trtllm_mha does not (server_args.py:4057-4084: _handle_model_specific_adjustments); these head
-    # configs are Gemma-4's in the grids
-    gemma4 = case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)
-    return "triton" if gemma4 and dispatch != "trtllm_mha" else dispatch
+    # Gemma-4 runs on triton wherever trtllm_mha does not (server_args.py:4057-4084:
+    # _handle_model_specific_adjustments)
+    return "triton" if _gemma4(case) and dispatch != "trtllm_mha" else dispatch
 
 
-def _trtllm_context(sm: str, group: Group) -> str:
-    return "trtllm.fmha"
+def _trtllm(sm: str, group: Group) -> str:
+    # TensorRT-LLM's TRTLLM attention backend through create_attention, labelled torch_flow by the reference
+    # collector (collector/trtllm/collect_attn.py:107,450); its FlashInfer path is taken on SM100/103 only
+    # (:120-125), for Gemma-4's heads: _trtllm_case
+    return "torch_flow"
 
 
-def _trtllm_generation(sm: str, group: Group) -> str:
-    return "trtllm.xqa"
+def _trtllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
+    return "torch_flow_flashinfer" if _gemma4(case) and sm in ("100", "103") else dispatch
 
 
 def _torch(sm: str, group: Group) -> str:
@@ -226,8 +233,8 @@ CONTEXT = OpPlan(
     dtype_fields=("attn_dtype", "kv_cache_dtype"),
     expand=expand_context,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
-    dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_context},
-    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
+    dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case, "trtllm": _trtllm_case},
     cost=_context_cost,
 )
 
@@ -240,7 +247,7 @@ GENERATION = OpPlan(
     dtype_fields=("attn_dtype", "kv_cache_dtype"),
     expand=expand_generation,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
-    dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_generation},
-    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
+    dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case, "trtllm": _trtllm_case},
     cost=_generation_cost,
 )

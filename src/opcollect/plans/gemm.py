@@ -119,12 +119,9 @@ def _sglang_case(sm: str, dispatch: str, case: GemmCase) -> str:
 
 
 def _trtllm(sm: str, group: Group) -> str:
-    return {
-        "fp8": "trtllm.cublas_scaled_mm",
-        "fp8_block": "trtllm.fp8_block_scaling_gemm",
-        "nvfp4": "trtllm.nvfp4_gemm",
-        "int4_wo": "trtllm.weight_only_quant_gemm",
-    }.get(group.dtype, "torch.nn.functional.linear")
+    # TensorRT-LLM's PyTorch-flow Linear, labelled as the reference collector labels it
+    # (collector/trtllm/collect_gemm.py:254): torch_flow, and deepgemm for block fp8 on SM100/103
+    return "deepgemm" if group.dtype == "fp8_block" and sm in ("100", "103") else "torch_flow"
 
 
 PLAN = OpPlan(

@@ -116,7 +116,9 @@ def _sglang(sm: str, group: Group) -> str:
 
 
 def _trtllm(sm: str, group: Group) -> str:
-    return "trtllm.mla"
+    # TensorRT-LLM's MLA (the TRTLLM attention backend), labelled default by the reference collector
+    # (collector/trtllm/collect_mla.py:668; the whole module: collect_mla_module.py:974)
+    return "default"
 
 
 def _mla_plan(name: str, table: str, op_name: str, expand, cost, case_dispatch=None) -> OpPlan:

@@ -171,8 +171,14 @@ def _sglang(sm: str, group: Group) -> str:
     return group.dtype  # the runner depends on the model: _sglang_case
 
 
-# topk of NemotronH's experts (2688/1856/128/6, 2048 and 8192/5120/512/22): their own MoE defaults apply
-_NEMOTRON_H_TOPK = (6, 22)
+# NemotronH's experts (hidden, inter, experts, topk) in the grids: their own MoE defaults apply
+_NEMOTRON_H = {(2688, 1856, 128, 6), (2048, 5120, 512, 22), (8192, 5120, 512, 22)}
+
+
+def _nemotron_h(case: MoeCase) -> bool:
+    return (case.hidden_size, case.inter_size, case.num_experts, case.topk) in _NEMOTRON_H
+
+
 _DEEPSEEK_HIDDEN = 7168  # DeepSeek-V3 and Kimi-K2.5: SGLang forces flashinfer_trtllm for them on SM100
 
 
@@ -186,7 +192,7 @@ def _sglang_case(sm: str, dispatch: str, case: MoeCase) -> str:
         return "sglang_marlin_moe_situ_as_silu" if case.num_experts == 896 else "sglang_fused_moe_triton"
     if dispatch not in ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8"):
         return dispatch
-    if case.topk in _NEMOTRON_H_TOPK and dispatch == "bfloat16":
+    if _nemotron_h(case) and dispatch == "bfloat16":
         # apply_nemotron_h_defaults (arg_groups/nemotron_h_hook.py:36-58): flashinfer_trtllm on SM100 without
         # all-to-all, else flashinfer_cutlass
         return "sglang_flashinfer_trtllm_moe" if family100 else "sglang_flashinfer_cutlass_moe"
@@ -198,9 +204,22 @@ def _sglang_case(sm: str, dispatch: str, case: MoeCase) -> str:
 
 
 def _trtllm(sm: str, group: Group) -> str:
-    if group.dtype in ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8") and sm_at_least(sm, 100):
-        return "trtllm.trtllm_gen_fused_moe"
-    return "trtllm.cutlass_fused_moe"
+    """TensorRT-LLM's create_moe backend, labelled as the reference collector labels it (collector/trtllm/
+    collect_moe.py:761-788, first match): MXFP4 experts run its Triton MoE on Hopper (gpt-oss: :428-442, after
+    TensorRT-LLM's resolve_moe_backend) and trtllm-gen on Blackwell, both moe_torch_flow; block fp8 on SM100 is
+    deepgemm; gated experts elsewhere run CUTLASS (:466-479); non-gated ones: _trtllm_case."""
+    if group.dtype in ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8"):
+        return "moe_torch_flow"
+    if group.dtype == "fp8_block" and sm in ("100", "103"):
+        return "deepgemm"
+    return "moe_torch_flow_cutlass"
+
+
+def _trtllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
+    # Nemotron-3's experts are non-gated ReLU2 (collect_moe.py:42,364-377; NemotronHMOE passes Relu2 to create_moe)
+    if dispatch == "moe_torch_flow_cutlass" and _nemotron_h(case):
+        return "moe_torch_flow_nongated"
+    return dispatch
 
 
 PLAN = OpPlan(
@@ -213,6 +232,6 @@ PLAN = OpPlan(
     expand=expand,
     tp_sizes=lambda grid: tuple(sorted(set(grid.gpus))),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
-    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case, "trtllm": _trtllm_case},
     cost=_cost,
 )
