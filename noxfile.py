@@ -96,6 +96,23 @@ _contract_session("vllm", "vllm")
 _contract_session("sglang", "sglang")
 
 
+@nox.session(name="import-check-vllm", python=False, default=False)
+def import_check_vllm(session: nox.Session) -> None:
+    """Import the vLLM runners' symbols with the pinned vLLM (and the torch 2.11.0 it pins) installed: a venv in
+    .cache/import-check-vllm, several GB, so outside CI: `nox -s import-check-vllm`."""
+    from pathlib import Path
+
+    from opcollect.images.pins import load_pins
+
+    version, _ = load_pins(Path("pins.yaml")).pin("vllm")
+    venv = Path(".cache") / "import-check-vllm"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    session.run(str(python), "-m", "pip", "install", "-q", f"vllm=={version}", "-e", ".", external=True)
+    session.run(str(python), "scripts/import_check.py", "vllm", external=True)
+
+
 @nox.session(python=False, default=False)
 def prune(session: nox.Session) -> None:
     """Remove collector images no current pin or input hash names: `nox -s prune` (`-- torch`: one backend)."""

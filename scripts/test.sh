@@ -17,4 +17,5 @@ fi
 command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 .venv/bin/nox -s base-image
 .venv/bin/nox -s lint
+.venv/bin/nox -s contract-vllm  # the vLLM runners' symbols against the pinned wheel (downloaded once)
 .venv/bin/nox -s tests -- -q --require-docker "$@"

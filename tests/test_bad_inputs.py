@@ -444,9 +444,16 @@ ROWS = [
     ),
     Row(
         "run-a-backend-without-runners",
+        ("run", "--plan", "{tmp}/trtllm-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
+        "backend 'trtllm': this collector has no runners for it yet",
+        lambda c: gemm_plan(c.tmp / "trtllm-plan.json", [(1, 8, 8)], backend="trtllm", dtype="bfloat16"),
+    ),
+    Row(
+        "run-vllm-where-it-is-not-installed",
         ("run", "--plan", "{tmp}/vllm-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
-        "backend 'vllm': this collector has no runners for it yet",
+        "vLLM is not installed here: run vLLM plans in the backend's pinned image",
         lambda c: gemm_plan(c.tmp / "vllm-plan.json", [(1, 8, 8)], backend="vllm", dtype="bfloat16"),
+        runs_plan=True,
     ),
     Row(
         "resume-nothing-there",

@@ -91,3 +91,29 @@ def test_the_cli_passes_fails_and_refuses(tree, tmp_path):
         and "neither a .whl file nor a source directory" in done.stderr
         or ("holds no runner yet" in done.stderr)
     )
+
+
+WHEELS = Path(__file__).resolve().parents[1] / ".cache" / "wheels"
+
+
+def test_the_pinned_vllm_wheel_and_a_doctored_copy():
+    """The real runners against the pinned wheel (.ci/run downloads it first with `nox -s contract-vllm`), then
+    against a copy without a symbol and a parameter that vllm/context.py uses."""
+    found = sorted(WHEELS.glob("vllm-0.24.0-*.whl"))
+    if not found:
+        pytest.skip("no pinned vLLM wheel in .cache/wheels; `nox -s contract-vllm` downloads it (.ci/run does)")
+    backends = Path(__file__).resolve().parents[1] / "src" / "opcollect" / "backends"
+    uses = runner_uses(backends / "vllm", ("vllm",), backends.parents[2])
+    release = Release(found[-1])
+    assert len(uses) > 50 and check(uses, release) == []
+    state = "vllm/distributed/parallel_state.py"
+    release.files[state] = (
+        release.files[state]
+        .replace("def ensure_model_parallel_initialized(", "def ensure_model_parallel_ready(")
+        .replace('    distributed_init_method: str = "env://",', '    init_method: str = "env://",')
+    )
+    release._trees.clear()
+    lines = [m.render() for m in check(uses, release)]
+    context = "src/opcollect/backends/vllm/context.py"
+    assert any(line.startswith(context) and "ensure_model_parallel_initialized: not defined" in line for line in lines)
+    assert any(line.startswith(context) and "no parameter 'distributed_init_method'" in line for line in lines)

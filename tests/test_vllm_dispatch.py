@@ -59,6 +59,8 @@ def test_attention_kernel_by_sm_and_head():
     assert attention._vllm("100", None) == "FLASHINFER" and attention._vllm("90", None) == "FLASH_ATTN"
     assert rule("100", "FLASHINFER", _attention(128)) == "vllm_flashinfer_trtllmprefill"
     assert rule("100", "FLASHINFER", _attention(128, step=127)) == "vllm_flashinfer_trtllmdecode"
+    one_token = AttentionCase(4, 1, 16, 2, 128, 1, "bfloat16", "bfloat16", 0, 0)  # a prefill of one token
+    assert rule("100", "FLASHINFER", one_token) == "vllm_flashinfer_trtllmdecode"
     assert rule("100", "FLASHINFER", _attention(192)) == "vllm_flash_attn_fa4"
     assert rule("100", "FLASHINFER", _attention(192, kv="fp8")) == "vllm_triton_attn"
 

@@ -181,7 +181,9 @@ def _vllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
             return "vllm_flash_attn_fa4" if case.kv_cache_dtype == "bfloat16" else "vllm_triton_attn"
         # TRT-LLM-gen kernels on the SM100 family for prefill and decode (utils/flashinfer.py:374-408, 464-480;
         # flashinfer.py:687-700): the metadata class names them
-        return "vllm_flashinfer_trtllmprefill" if case.step == 0 else "vllm_flashinfer_trtllmdecode"
+        # a one-token query is a decode for FlashInfer (flashinfer.py:564, 950-957), a prefill of isl 1 too
+        prefill = case.step == 0 and case.isl > 1
+        return "vllm_flashinfer_trtllmprefill" if prefill else "vllm_flashinfer_trtllmdecode"
     # v1/attention/backends/fa_utils.py:78-86: FA3 on SM9x, FA4 on SM10x, FA2 elsewhere; on SM90 a head
     # above 256 takes FA4 (:119-146)
     if sm == "90":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable
 
-from opcollect.runtime.contract import Prepared
+from opcollect.runtime.contract import Measured, Prepared
 from opcollect.runtime.harness import (
     Sampled,
     Stats,
@@ -161,6 +162,33 @@ class _Nvml:
             return float(self.pynvml.nvmlDeviceGetClockInfo(self.handle, self.pynvml.NVML_CLOCK_SM))
         except Exception:
             return None
+
+
+_measured_cases = 0  # cases this worker has timed: the first one warms the clocks up first
+
+
+def measure_cases(runner, dispatch: str, cases: list, device: str, config: TimingConfig) -> list[Measured]:
+    """Time ``cases`` with a backend's Runner: per case through its prepare, or the whole row at once."""
+    global _measured_cases
+    if runner.measure_row is not None:
+        return runner.measure_row(cases, device, config)
+    results = []
+    for case in cases:
+        stats, kernel = measure(
+            partial(runner.prepare, case, dispatch, device),
+            runner.footprint(case),
+            device,
+            config,
+            first_case=_measured_cases == 0,
+        )
+        _measured_cases += 1
+        results.append(Measured(stats, kernel))
+        if is_cuda(device):
+            import torch
+
+            # the caching allocator keeps this case's blocks; the next capacity check must see them free
+            torch.cuda.empty_cache()
+    return results
 
 
 def random_tensor(shape, dtype, device: str, generator_seed: int = 0):

@@ -1,0 +1,317 @@
+"""vLLM 0.24.0's own all-reduce, `tensor_model_parallel_all_reduce`, to custom_allreduce_perf.
+
+One task times a whole row of cases (one allreduce_dtype, num_gpus and variant): starting the ranks and
+vLLM's communicators costs seconds. The structure is the torch backend's NCCL runner (backends/torch/comm.py):
+one spawned process per rank on cuda:0..num_gpus-1, a TCP rendezvous, a lifeline to the parent, and each
+sample's seconds per call agreed as the maximum over the ranks, so the stopping rule runs on identical numbers
+in every rank and all ranks stop together. Each rank joins vLLM's world with tensor-parallel size num_gpus, as a
+serving worker does, so vLLM builds its own device communicator for the TP group and picks, per call, between
+NCCL symmetric memory, FlashInfer, custom all-reduce, torch symmetric memory and pynccl
+(distributed/device_communicators/cuda_communicator.py:254-311). vllm is imported only inside the ranks.
+
+The variants, as the reference names them (aiconfigurator collect_all_reduce.py:674-691):
+- vllm_graph: K all-reduces captured inside vLLM's ``graph_capture`` into one CUDA graph, timed by replays;
+- vllm_eager: K direct calls back to back.
+The kernel_source stays the variant's name, as in the reference, at every size, also where vLLM runs another
+communicator than custom all-reduce (above custom all-reduce's max_size, see custom_ar_max_bytes); what vLLM
+ran is read from its communicator objects and returned as Measured.communicator.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import sys
+import time
+from dataclasses import dataclass
+
+from opcollect.backends.torch.comm import MAX_CALLS_PER_SAMPLE, SAMPLE_SECONDS, TORCH_DTYPES, _free_port
+from opcollect.runtime.contract import KernelLimit, Measured
+from opcollect.runtime.dtypes import message_bytes
+from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
+
+KERNEL_SOURCES = {"vllm_graph": "vLLM_custom_graph", "vllm_eager": "vLLM_custom_eager"}  # plans/comm.py VARIANTS
+RANK_START_SECONDS = 300.0  # vLLM's start: NCCL, custom all-reduce's P2P test (custom_all_reduce.py:160-166)
+MiB = 1 << 20
+# custom_all_reduce.py:52 and :59: the world sizes it serves and its default max_size
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_AR_DEFAULT_MAX = 8 * MiB
+# all_reduce_utils.py:31-37 (CUSTOM_ALL_REDUCE_MAX_SIZES): with torch symmetric memory enabled (the default,
+# VLLM_ALLREDUCE_USE_SYMM_MEM=1, envs.py:1671-1673) max_size is min(this, 8 MiB) (custom_all_reduce.py:123-133)
+CUSTOM_AR_SYMM_CAP = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
+    "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: MiB, 8: MiB},
+    "10.3": {2: 4 * MiB, 4: 4 * MiB, 6: 8 * MiB, 8: 4 * MiB},
+}
+# all_reduce_utils.py:52-58 (SYMM_MEM_ALL_REDUCE_MAX_SIZES): the largest message SymmMemCommunicator takes
+SYMM_MEM_MAX = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+    "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+    "10.3": {2: 4 * MiB, 4: 32 * MiB, 6: 32 * MiB, 8: 64 * MiB},
+}
+# custom_all_reduce.py:172-174: rank_data, the table of registered IPC pointers, on every rank
+CUSTOM_AR_RANK_DATA = 8 * MiB
+META_ALLOWANCE = MiB  # ops.meta_size() (sizeof vllm::Signal in csrc, not read here): well under 1 MiB
+
+
+@dataclass(frozen=True)
+class AllreduceMeasured(Measured):
+    communicator: str = ""  # what vLLM ran: custom_allreduce, torch_symm_mem, nccl_symm_mem, flashinfer, pynccl
+
+
+def rank_devices(num_gpus: int) -> list[str]:
+    return [f"cuda:{rank}" for rank in range(num_gpus)]
+
+
+def tensor_shape(elements: int) -> tuple[int, int]:
+    """The reference's layout (collect_all_reduce.py:69-75): one row up to 4096 elements, else rows of 4096."""
+    if elements <= 4096 or elements % 4096:
+        return (1, elements)
+    return (elements // 4096, 4096)
+
+
+def case_bytes(case) -> int:
+    return message_bytes(case.allreduce_dtype, case.message_size)
+
+
+def capability(sm: str) -> str:
+    """A plan's SM ('90', '100', '103') as vLLM's tables key it ('9.0', '10.0', '10.3')."""
+    return f"{int(sm) // 10}.{int(sm) % 10}"
+
+
+def custom_ar_max_bytes(world: int, sm: str, symm_mem: bool = True) -> int:
+    """CustomAllreduce.max_size for this world size and SM (custom_all_reduce.py:59, 123-133)."""
+    cap = CUSTOM_AR_SYMM_CAP.get(capability(sm), {}) if symm_mem else {}
+    return min(cap.get(world, CUSTOM_AR_DEFAULT_MAX), CUSTOM_AR_DEFAULT_MAX)
+
+
+def custom_ar_eligible(world: int, nbytes: int, sm: str, symm_mem: bool = True) -> bool:
+    """should_custom_ar (custom_all_reduce.py:105-113, 230-243), for NVLink-connected GPUs that pass the P2P
+    test; symm_mem: whether vLLM's SymmMemCommunicator came up (it caps max_size)."""
+    return world in CUSTOM_AR_WORLD_SIZES and nbytes % 16 == 0 and nbytes < custom_ar_max_bytes(world, sm, symm_mem)
+
+
+def expected_communicator(world: int, dtype: str, nbytes: int, sm: str, symm_mem: bool = True) -> str:
+    """What cuda_communicator.py:254-311 picks with vLLM's defaults (no NCCL symm-mem, no FlashInfer AR)."""
+    if custom_ar_eligible(world, nbytes, sm, symm_mem):
+        return "custom_allreduce"
+    limit = SYMM_MEM_MAX.get(capability(sm), {}).get(world, 0)
+    if symm_mem and dtype == "bfloat16" and nbytes % 4 == 0 and nbytes <= limit:  # symm_mem.py:116-124: bf16 only
+        return "torch_symm_mem"
+    return "pynccl"
+
+
+def calls_per_sample(seconds_per_call: float, target: float = SAMPLE_SECONDS, cap: int = MAX_CALLS_PER_SAMPLE) -> int:
+    """All-reduces in one sample (one graph replay, or one eager loop) so that it lasts about ``target``."""
+    return max(1, min(cap, int(target / max(seconds_per_call, 1e-7))))
+
+
+def footprint(case) -> int:
+    """Bytes per rank: the input, two live outputs (vLLM's all-reduce is out of place; a graph's pool reuses the
+    freed ones), custom all-reduce's two IPC buffers of max_size (meta + signal, and the eager copy-in buffer)
+    and rank_data (custom_all_reduce.py:160-174), and torch symmetric memory's buffer (symm_mem.py:88-92),
+    each at its largest over the SMs since the case does not name one. NCCL's own buffers are not counted."""
+    nbytes = case_bytes(case)
+    world = case.num_gpus
+    if world not in CUSTOM_AR_WORLD_SIZES:
+        return 3 * nbytes
+    symm = max(table.get(world, 0) for table in SYMM_MEM_MAX.values())
+    return 3 * nbytes + 2 * CUSTOM_AR_DEFAULT_MAX + META_ALLOWANCE + CUSTOM_AR_RANK_DATA + symm
+
+
+def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured]:
+    import multiprocessing
+
+    world = cases[0].num_gpus
+    if any(
+        (c.allreduce_dtype, c.num_gpus, c.backend) != (cases[0].allreduce_dtype, world, cases[0].backend) for c in cases
+    ):
+        raise ValueError("a custom_allreduce row mixes dtypes, GPU counts or variants")
+    if cases[0].backend not in KERNEL_SOURCES:
+        raise KernelLimit(f"vLLM has no all-reduce variant {cases[0].backend!r}")
+    if not device.startswith("cuda"):
+        raise KernelLimit("vLLM's all-reduce runs on CUDA GPUs only")
+    import torch
+
+    if torch.cuda.device_count() < world:
+        raise KernelLimit(
+            f"an all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
+        )
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    payload = [c._asdict() for c in cases]
+    args = (world, port, payload, config, results, os.getpid())
+    procs = [ctx.Process(target=_rank_main, args=(rank, *args), daemon=True) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        deadline = time.monotonic() + RANK_START_SECONDS + len(cases) * (config.max_case_seconds * 4 + 10)
+        while True:
+            try:
+                outcome = results.get(timeout=0.2)
+                break
+            except queue_module.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"an all-reduce rank died with exit code {dead[0].exitcode}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the all-reduce ranks did not finish") from None
+        if isinstance(outcome, str):
+            raise RuntimeError(outcome)
+        return outcome
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _init_world(rank: int, world: int, port: int) -> None:
+    """context.init_world for ``world`` ranks: tensor-parallel size world, pipeline size 1, as serving's worker
+    (v1/worker/gpu_worker.py) sets it up; custom all-reduce stays enabled (parallel_state.py:1432-1437)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    init_distributed_environment(
+        world_size=world,
+        rank=rank,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        local_rank=rank,
+        backend="nccl",
+    )
+    with set_current_vllm_config(VllmConfig(), check_compile=False):  # read by parallel_state.py:1727-1729
+        ensure_model_parallel_initialized(world, 1)
+
+
+def _rank_main(rank, world, port, payload, config, results, parent_pid) -> None:
+    from opcollect.runtime import lifeline
+
+    lifeline.hold(parent_pid)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    try:
+        _init_world(rank, world, port)
+        from vllm.distributed import destroy_model_parallel, get_tp_group
+
+        cpu_group = get_tp_group().cpu_group  # gloo: the ranks agree on CPU numbers without touching the GPU streams
+        measured = [_time_one(case, f"cuda:{rank}", config, cpu_group) for case in payload]
+        if rank == 0:
+            results.put(measured)
+        dist.barrier(group=cpu_group)
+        destroy_model_parallel()
+    except Exception as exc:  # the worker classifies the message
+        if rank == 0:
+            results.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def communicator_used(comm, x, nccl_symm_mem) -> str:
+    """Which communicator vLLM's TP device communicator ``comm`` runs for ``x``, asked of the objects it built in
+    the order of cuda_communicator.py:254-311; nccl_symm_mem: vLLM's should_nccl_symm_mem_allreduce."""
+    if comm is None:
+        return "none"
+    pynccl = getattr(comm, "pynccl_comm", None)
+    if pynccl is not None and nccl_symm_mem(pynccl.world_size, x):
+        return "nccl_symm_mem"
+    for name, attr, asks in (
+        ("quick_reduce", "qr_comm", "should_quick_allreduce"),
+        ("flashinfer", "fi_ar_comm", "should_use_fi_ar"),
+        ("custom_allreduce", "ca_comm", "should_custom_ar"),
+        ("torch_symm_mem", "symm_mem_comm", "should_use_symm_mem"),
+    ):
+        part = getattr(comm, attr, None)
+        if part is not None and not part.disabled and getattr(part, asks)(x):
+            return name
+    return "pynccl" if pynccl is not None and not pynccl.disabled else "torch.distributed"
+
+
+def _capture(x, calls: int, device: str):
+    """One CUDA graph of ``calls`` all-reduces of ``x``, captured as vLLM's model runner captures: inside
+    graph_capture, which enters custom all-reduce's capture mode and registers the graph's buffers on exit
+    (parallel_state.py:1411-1429, custom_all_reduce.py:197-228)."""
+    import torch
+    from vllm.distributed import graph_capture, tensor_model_parallel_all_reduce
+
+    graph = torch.cuda.CUDAGraph()
+    with graph_capture(torch.device(device)) as ctx:
+        # warm-up outside the stream capture: pynccl and symm-mem run for real (NCCL's lazy setup), custom
+        # all-reduce only allocates (custom_all_reduce.py:264-275)
+        tensor_model_parallel_all_reduce(x)
+        with torch.cuda.graph(graph, stream=ctx.stream):
+            for _ in range(calls):
+                out = tensor_model_parallel_all_reduce(x)  # out of place: each freed output is reused in the pool
+        del out
+    torch.cuda.synchronize()
+    return graph
+
+
+def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
+    from vllm.distributed.device_communicators.all_reduce_utils import should_nccl_symm_mem_allreduce
+
+    dtype = getattr(torch, TORCH_DTYPES[case["allreduce_dtype"]])
+    x = torch.ones(tensor_shape(case["message_size"]), dtype=dtype, device=device)
+    if x.numel() * x.element_size() != message_bytes(case["allreduce_dtype"], case["message_size"]):
+        raise AssertionError(f"all-reduce of {case['message_size']} {case['allreduce_dtype']}: wrong tensor size")
+    communicator = communicator_used(get_tp_group().device_communicator, x, should_nccl_symm_mem_allreduce)
+    # Past custom all-reduce's max_size (custom_ar_max_bytes) vLLM runs torch symm-mem or pynccl; the label
+    # stays the variant's, as the reference's does; ``communicator`` says what ran.
+    graphed = case["backend"] == "vllm_graph"
+    worst = torch.zeros(1, dtype=torch.float64)
+
+    def agreed(seconds: float) -> float:
+        worst.fill_(seconds)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=cpu_group)
+        return float(worst.item())
+
+    def eager(calls: int) -> None:
+        # The same input every call, not cloned: vLLM's all-reduce is out of place, so the input stays intact, and
+        # serving passes its activation as is. The reference clones inside its timing
+        # (collect_all_reduce.py:594-659), so its eager rows are higher than these by one device copy of the
+        # message per call; these match serving.
+        for _ in range(calls):
+            tensor_model_parallel_all_reduce(x)
+
+    def timed(step, calls: int) -> float:
+        """Seconds per all-reduce over one step of ``calls`` of them, the maximum over the ranks."""
+        dist.barrier(group=cpu_group)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        return agreed((time.perf_counter() - start) / calls)
+
+    if graphed:
+        probe = _capture(x, 1, device)
+        timed(probe.replay, 1)
+        calls = calls_per_sample(timed(probe.replay, 1))  # the same in every rank: an agreed maximum
+        del probe
+        graph = _capture(x, calls, device)
+        step = graph.replay
+    else:
+        timed(lambda: eager(1), 1)
+        calls = calls_per_sample(timed(lambda: eager(1), 1))
+
+        def step() -> None:
+            eager(calls)
+
+    spent = [0.0]
+
+    def sample() -> float:
+        value = timed(step, calls)
+        spent[0] += value * calls
+        return value
+
+    raw = sample_until_stable(sample, config, clock=lambda: spent[0])
+    stats = summarize(raw, "graph" if graphed else "eager", calls)
+    if device == "cuda:0":
+        print(
+            f"custom_allreduce {case['backend']} {case['message_size']} elements: vLLM ran {communicator}",
+            file=sys.stderr,
+        )
+    return AllreduceMeasured(stats, KERNEL_SOURCES[case["backend"]], communicator)
