@@ -451,7 +451,7 @@ ROWS = [
     Row(
         "run-vllm-where-it-is-not-installed",
         ("run", "--plan", "{tmp}/vllm-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
-        "vLLM is not installed here: run vLLM plans in the backend's pinned image",
+        "vLLM is not installed here: run vLLM plans in the backend's pinned image vllm/vllm-openai:v0.24.0@sha256:",
         lambda c: gemm_plan(c.tmp / "vllm-plan.json", [(1, 8, 8)], backend="vllm", dtype="bfloat16"),
         runs_plan=True,
     ),

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from opcollect.errors import InputError
+from opcollect.errors import FrameworkMissing, InputError
 from opcollect.flags import Parser, count, fs_error, png, ratio, seconds, shard
 
 
@@ -400,10 +400,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pinned_image(backend: str) -> str:
+    """`` <image> (...)`` for the backend's current pin, or nothing when pins.yaml cannot tell."""
+    from opcollect.images.pins import load_pins
+    from opcollect.project import find_project
+
+    try:
+        _, pin = load_pins(find_project().pins).pin(backend)
+    except (InputError, OSError, AttributeError):
+        return ""
+    return f" {pin.image} (`opcollect collect {backend}` builds on it and runs the plan inside)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except FrameworkMissing as exc:
+        print(f"opcollect: error: {exc}{_pinned_image(exc.backend)}", file=sys.stderr)
+        return exc.exit_code
     except InputError as exc:
         print(f"opcollect: error: {exc}", file=sys.stderr)
         return exc.exit_code

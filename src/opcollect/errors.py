@@ -7,3 +7,11 @@ class InputError(Exception):
     """Bad input or environment. The message names the file, field or value and how to fix it."""
 
     exit_code = 2
+
+
+class FrameworkMissing(InputError):
+    """A framework backend asked to run where its framework is not installed; the CLI names the pinned image."""
+
+    def __init__(self, backend: str, message: str):
+        super().__init__(message)
+        self.backend = backend

@@ -12,7 +12,7 @@ from functools import partial
 
 from opcollect.backends.torch import comm
 from opcollect.backends.vllm import allreduce, attention, gemm, mla, moe
-from opcollect.errors import InputError
+from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
 from opcollect.runtime import timing
 from opcollect.runtime.contract import ANY_DISPATCH, Measured, Registry, Runner
@@ -29,9 +29,8 @@ def identity(device: str) -> dict:
     try:
         import vllm
     except ImportError:
-        raise InputError(
-            "vLLM is not installed here: run vLLM plans in the backend's pinned image "
-            "(`opcollect collect vllm` builds it from pins.yaml and runs the plan inside it)"
+        raise FrameworkMissing(
+            FRAMEWORK, "vLLM is not installed here: run vLLM plans in the backend's pinned image"
         ) from None
     return {"framework": FRAMEWORK, "version": vllm.__version__, **hardware.probe(device)}
 
