@@ -82,8 +82,39 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured]:
+def run_ranks(target, world: int, args: tuple, seconds: float, what: str):
+    """Run ``target(rank, *args, results, parent_pid)`` in ``world`` spawned processes and return the first
+    result one of them puts (a string is an error to raise); a rank that dies or the deadline ends it."""
     import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, *args, results, os.getpid()), daemon=True) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                outcome = results.get(timeout=0.2)
+                break
+            except queue_module.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"{what} died with exit code {dead[0].exitcode}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what}s did not finish") from None
+        if isinstance(outcome, str):
+            raise RuntimeError(outcome)
+        return outcome
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured]:
 
     world = cases[0].num_gpus
     cuda = device.startswith("cuda")
@@ -94,38 +125,9 @@ def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured
             raise KernelLimit(
                 f"a collective over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
             )
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
     payload = [c._asdict() for c in cases]
-    procs = [
-        ctx.Process(
-            target=_rank_main, args=(rank, world, port, cuda, payload, config, results, os.getpid()), daemon=True
-        )
-        for rank in range(world)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        deadline = time.monotonic() + RANK_START_SECONDS + len(cases) * (config.max_case_seconds * 4 + 5)
-        while True:
-            try:
-                outcome = results.get(timeout=0.2)
-                break
-            except queue_module.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"a collective's rank died with exit code {dead[0].exitcode}") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the collective's ranks did not finish") from None
-        if isinstance(outcome, str):
-            raise RuntimeError(outcome)
-        return outcome
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    seconds = RANK_START_SECONDS + len(cases) * (config.max_case_seconds * 4 + 5)
+    return run_ranks(_rank_main, world, (world, _free_port(), cuda, payload, config), seconds, "a collective's rank")
 
 
 def _rank_main(rank, world, port, cuda, payload, config, results, parent_pid) -> None:

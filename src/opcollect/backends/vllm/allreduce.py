@@ -19,13 +19,11 @@ ran is read from its communicator objects and returned as Measured.communicator.
 
 from __future__ import annotations
 
-import os
-import queue as queue_module
 import sys
 import time
 from dataclasses import dataclass
 
-from opcollect.backends.torch.comm import MAX_CALLS_PER_SAMPLE, SAMPLE_SECONDS, TORCH_DTYPES, _free_port
+from opcollect.backends.torch.comm import MAX_CALLS_PER_SAMPLE, SAMPLE_SECONDS, TORCH_DTYPES, _free_port, run_ranks
 from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.dtypes import message_bytes
 from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
@@ -120,7 +118,6 @@ def footprint(case) -> int:
 
 
 def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured]:
-    import multiprocessing
 
     world = cases[0].num_gpus
     if any(
@@ -137,34 +134,9 @@ def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured
         raise KernelLimit(
             f"an all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
         )
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
     payload = [c._asdict() for c in cases]
-    args = (world, port, payload, config, results, os.getpid())
-    procs = [ctx.Process(target=_rank_main, args=(rank, *args), daemon=True) for rank in range(world)]
-    for proc in procs:
-        proc.start()
-    try:
-        deadline = time.monotonic() + RANK_START_SECONDS + len(cases) * (config.max_case_seconds * 4 + 10)
-        while True:
-            try:
-                outcome = results.get(timeout=0.2)
-                break
-            except queue_module.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"an all-reduce rank died with exit code {dead[0].exitcode}") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the all-reduce ranks did not finish") from None
-        if isinstance(outcome, str):
-            raise RuntimeError(outcome)
-        return outcome
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    seconds = RANK_START_SECONDS + len(cases) * (config.max_case_seconds * 4 + 10)
+    return run_ranks(_rank_main, world, (world, _free_port(), payload, config), seconds, "an all-reduce rank")
 
 
 def _init_world(rank: int, world: int, port: int) -> None:
