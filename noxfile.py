@@ -60,7 +60,7 @@ for _backend in _backends():
     _backend_sessions(_backend)
 
 
-def _contract_session(backend: str, package: str) -> None:
+def _contract_session(backend: str, packages: tuple[str, ...]) -> None:
     def contract(session: nox.Session) -> None:
         from pathlib import Path
 
@@ -68,32 +68,28 @@ def _contract_session(backend: str, package: str) -> None:
 
         version, _ = load_pins(Path("pins.yaml")).pin(backend)
         wheels = Path(".cache") / "wheels"
-        found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
-        if not found:  # downloaded once, then reused: the pinned wheel does not change
-            pip = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "-q",
-                f"{package}=={version}",
-                "-d",
-                str(wheels),
-            ]
-            session.run(*pip, external=True)
-            found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
-        _opcollect(session, "contract", backend, "--wheel", str(found[-1]))
+        args = []
+        for requirement in (f"{packages[0]}=={version}", *packages[1:]):
+            name, pinned = requirement.split("==")
+            pattern = f"{name.replace('-', '_')}-{pinned}-*.whl"
+            found = sorted(wheels.glob(pattern))
+            if not found:  # downloaded once, then reused: a pinned wheel does not change
+                pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", requirement, "-d", str(wheels)]
+                session.run(*pip, external=True)
+                found = sorted(wheels.glob(pattern))
+            args += ["--wheel", str(found[-1])]
+        _opcollect(session, "contract", backend, *args)
 
     contract.__doc__ = (
-        f"Check the {backend} runners' framework symbols against the pinned {package} wheel (downloaded once "
-        f"into .cache/wheels): `nox -s contract-{backend}`."
+        f"Check the {backend} runners' framework symbols against the pinned {' and '.join(packages)} wheels "
+        f"(downloaded once into .cache/wheels): `nox -s contract-{backend}`."
     )
     nox.session(name=f"contract-{backend}", python=False, default=False)(contract)
 
 
-_contract_session("vllm", "vllm")
-_contract_session("sglang", "sglang")
+_contract_session("vllm", ("vllm",))
+# SGLang's kernels ship in their own package, pinned by SGLang 0.5.14's requirements
+_contract_session("sglang", ("sglang", "sglang-kernel==0.4.4"))
 
 
 @nox.session(name="import-check-vllm", python=False, default=False)

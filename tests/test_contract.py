@@ -44,8 +44,8 @@ def test_every_use_of_the_runner_resolves(tree):
     assert keywords["vllm.model_executor.layers.linear.RowParallelLinear"] == ("bias", "disable_tp")
     assert keywords["vllm.model_executor.layers.linear.ReplicatedLinear"] == ("quant_config",)  # the base's __init__
     assert check(uses, Release(release)) == []
-    checked, misses = contract("vllm", release, backends)
-    assert checked == len(uses) and misses == []
+    checked, misses, unchecked = contract("vllm", [release], backends)
+    assert checked == len(uses) and misses == [] and unchecked == []
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -65,7 +65,7 @@ def test_a_doctored_release_is_reported_at_the_runners_line(tree):
         "params_dtype=None, quant_config=None):",
         "params_dtype=None):",
     )
-    _, misses = contract("vllm", release, backends)
+    _, misses, _ = contract("vllm", [release], backends)
     lines = sorted(m.render() for m in misses)
     runner = "src/opcollect/backends/vllm/gemm.py"
     linear = "vllm.model_executor.layers.linear"
@@ -80,11 +80,20 @@ def test_the_cli_passes_fails_and_refuses(tree, tmp_path):
     backends, release = tree
     wheel = shutil.make_archive(str(tmp_path / "vllm-0.0-py3-none-any"), "zip", release)
     wheel = Path(wheel).rename(tmp_path / "vllm-0.0-py3-none-any.whl")
-    assert contract("vllm", wheel, backends)[1] == []  # a wheel is read in place
+    assert contract("vllm", [wheel], backends)[1] == []  # a wheel is read in place
+    # a package no given release holds (SGLang's sgl_kernel without its wheel) is left out and named
+    (backends / "sglang").mkdir()
+    (backends / "sglang" / "gemm.py").write_text(
+        "def f():\n    from sgl_kernel import fp8_scaled_mm\n    from sglang.srt import utils\n    return utils\n"
+    )
+    (tmp_path / "sglang-release" / "sglang" / "srt").mkdir(parents=True)
+    for name in ("__init__.py", "srt/__init__.py", "srt/utils.py"):
+        (tmp_path / "sglang-release" / "sglang" / name).write_text("X = 1\n")
+    assert contract("sglang", [tmp_path / "sglang-release"], backends) == (1, [], ["sgl_kernel"])
     with pytest.raises(InputError, match="checked nothing: give the pinned release"):
-        contract("vllm", None, backends)
+        contract("vllm", [], backends)
     with pytest.raises(InputError, match="holds no runner yet"):
-        contract("sglang", release, backends)
+        contract("trtllm", [release], backends)
     done = run_cli("contract", "vllm", "--source", str(tmp_path / "nowhere"))
     assert (
         done.returncode == 2

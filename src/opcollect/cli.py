@@ -366,20 +366,25 @@ def _add_contract(sub) -> None:
         "contract", help="check the framework symbols a backend's runners use against its pinned release"
     )
     p.add_argument("backend", metavar="BACKEND", help="vllm, sglang or trtllm")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--wheel", type=Path, help="the pinned wheel (pip download --no-deps <framework>==<pin>)")
-    where.add_argument("--source", type=Path, help="a directory holding the release's top-level packages")
+    p.add_argument(
+        "--wheel", type=Path, action="append", default=[], help="a pinned wheel (pip download --no-deps); repeatable"
+    )
+    p.add_argument(
+        "--source", type=Path, action="append", default=[], help="a directory of the release's packages; repeatable"
+    )
     p.set_defaults(func=cmd_contract)
 
 
 def cmd_contract(args) -> int:
     from opcollect.backends.symbols import contract
 
-    release = args.wheel or args.source
-    checked, misses = contract(args.backend, release, Path(__file__).resolve().parent / "backends")
+    releases = [*args.wheel, *args.source]
+    checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parent / "backends")
     for miss in misses:
         print(miss.render())
-    print(f"contract {args.backend} against {release}: {checked} uses checked, {len(misses)} missing")
+    left = f"; not checked: {', '.join(unchecked)} (no release of it given)" if unchecked else ""
+    shown = ", ".join(str(r) for r in releases)
+    print(f"contract {args.backend} against {shown}: {checked} uses checked, {len(misses)} missing{left}")
     return 1 if misses else 0
 
 

@@ -49,25 +49,29 @@ class Miss:
 
 
 class Release:
-    """A framework's Python sources: a wheel (read in place) or a directory holding the top-level packages."""
+    """A framework's Python sources: wheels (read in place) or directories holding the top-level packages;
+    several of them together (SGLang's own and its kernel package's)."""
 
-    def __init__(self, path: Path):
-        path = Path(path)
+    def __init__(self, *paths: Path):
         self.files: dict[str, str] = {}
-        if path.is_file() and path.suffix == ".whl":
-            try:
-                with zipfile.ZipFile(path) as wheel:
-                    for name in wheel.namelist():
-                        if name.endswith(".py"):
-                            self.files[name] = wheel.read(name).decode("utf-8", "replace")
-            except zipfile.BadZipFile:
-                raise InputError(f"{path}: not a wheel (bad zip); download it again with pip download") from None
-        elif path.is_dir():
-            for file in path.rglob("*.py"):
-                self.files[file.relative_to(path).as_posix()] = file.read_text("utf-8", "replace")
-        else:
-            raise InputError(f"{path}: neither a .whl file nor a source directory; give the pinned release")
+        for path in map(Path, paths):
+            if path.is_file() and path.suffix == ".whl":
+                try:
+                    with zipfile.ZipFile(path) as wheel:
+                        for name in wheel.namelist():
+                            if name.endswith(".py"):
+                                self.files[name] = wheel.read(name).decode("utf-8", "replace")
+                except zipfile.BadZipFile:
+                    raise InputError(f"{path}: not a wheel (bad zip); download it again with pip download") from None
+            elif path.is_dir():
+                for file in path.rglob("*.py"):
+                    self.files[file.relative_to(path).as_posix()] = file.read_text("utf-8", "replace")
+            else:
+                raise InputError(f"{path}: neither a .whl file nor a source directory; give the pinned release")
         self._trees: dict[str, ast.Module | None] = {}
+
+    def packages(self) -> set[str]:
+        return {name.split("/", 1)[0] for name in self.files}
 
     def module_file(self, module: str) -> str | None:
         base = module.replace(".", "/")
@@ -249,9 +253,10 @@ def check(uses: list[Use], release: Release) -> list[Miss]:
     return misses
 
 
-def contract(backend: str, release_path: Path | None, backends_dir: Path) -> tuple[int, list[Miss]]:
-    """(symbols checked, misses) of ``backend``'s runners against the release; InputError when nothing
-    can be checked (no release given, no runner of that backend)."""
+def contract(backend: str, releases: list[Path], backends_dir: Path) -> tuple[int, list[Miss], list[str]]:
+    """(uses checked, misses, packages left unchecked) of ``backend``'s runners against the release (its
+    wheels or source trees); a package none of them holds (SGLang's sgl_kernel without its wheel) is left
+    out and named. InputError when nothing can be checked."""
     packages = FRAMEWORK_PACKAGES.get(backend)
     if packages is None:
         known = ", ".join(FRAMEWORK_PACKAGES)
@@ -259,7 +264,7 @@ def contract(backend: str, release_path: Path | None, backends_dir: Path) -> tup
     runners = Path(backends_dir) / backend
     if not runners.is_dir():
         raise InputError(f"contract {backend}: checked nothing: {runners} holds no runner yet")
-    if release_path is None:
+    if not releases:
         raise InputError(
             f"contract {backend}: checked nothing: give the pinned release with --wheel PATH or --source DIR "
             f"(nox -s contract-{backend} downloads the wheel)"
@@ -267,4 +272,8 @@ def contract(backend: str, release_path: Path | None, backends_dir: Path) -> tup
     uses = runner_uses(runners, packages, Path(backends_dir).parents[2])  # paths from the checkout's root
     if not uses:
         raise InputError(f"contract {backend}: checked nothing: no runner under {runners} imports {packages[0]}")
-    return len(uses), check(uses, Release(release_path))
+    release = Release(*releases)
+    held = release.packages()
+    unchecked = sorted({u.module.split(".")[0] for u in uses} - held)
+    checked = [u for u in uses if u.module.split(".")[0] in held]
+    return len(checked), check(checked, release), unchecked
