@@ -92,21 +92,30 @@ _contract_session("vllm", ("vllm",))
 _contract_session("sglang", ("sglang", "sglang-kernel==0.4.4"))
 
 
-@nox.session(name="import-check-vllm", python=False, default=False)
-def import_check_vllm(session: nox.Session) -> None:
-    """Import the vLLM runners' symbols with the pinned vLLM (and the torch 2.11.0 it pins) installed: a venv in
-    .cache/import-check-vllm, several GB, so outside CI: `nox -s import-check-vllm`."""
-    from pathlib import Path
+def _import_check_session(backend: str, extra: tuple[str, ...]) -> None:
+    def import_check(session: nox.Session) -> None:
+        from pathlib import Path
 
-    from opcollect.images.pins import load_pins
+        from opcollect.images.pins import load_pins
 
-    version, _ = load_pins(Path("pins.yaml")).pin("vllm")
-    venv = Path(".cache") / "import-check-vllm"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        session.run(sys.executable, "-m", "venv", str(venv), external=True)
-    session.run(str(python), "-m", "pip", "install", "-q", f"vllm=={version}", "-e", ".", external=True)
-    session.run(str(python), "scripts/import_check.py", "vllm", external=True)
+        version, _ = load_pins(Path("pins.yaml")).pin(backend)
+        venv = Path(".cache") / f"import-check-{backend}"
+        python = venv / "bin" / "python"
+        if not python.exists():
+            session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        pip = [str(python), "-m", "pip", "install", "-q", f"{backend}=={version}", *extra, "-e", "."]
+        session.run(*pip, external=True)
+        session.run(str(python), "scripts/import_check.py", backend, external=True)
+
+    import_check.__doc__ = (
+        f"Import the {backend} runners' symbols with the pinned {backend} (and the torch it pins) installed: a "
+        f"venv in .cache/import-check-{backend}, several GB, so outside CI: `nox -s import-check-{backend}`."
+    )
+    nox.session(name=f"import-check-{backend}", python=False, default=False)(import_check)
+
+
+_import_check_session("vllm", ())
+_import_check_session("sglang", ("sglang-kernel==0.4.4",))
 
 
 @nox.session(python=False, default=False)

@@ -18,4 +18,5 @@ command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=
 .venv/bin/nox -s base-image
 .venv/bin/nox -s lint
 .venv/bin/nox -s contract-vllm  # the vLLM runners' symbols against the pinned wheel (downloaded once)
+.venv/bin/nox -s contract-sglang  # SGLang's, against its wheel and sglang-kernel's
 .venv/bin/nox -s tests -- -q --require-docker "$@"

@@ -449,6 +449,13 @@ ROWS = [
         lambda c: gemm_plan(c.tmp / "trtllm-plan.json", [(1, 8, 8)], backend="trtllm", dtype="bfloat16"),
     ),
     Row(
+        "run-sglang-where-it-is-not-installed",
+        ("run", "--plan", "{tmp}/sglang-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
+        "SGLang is not installed here: run SGLang plans in the backend's pinned image lmsysorg/sglang:",
+        lambda c: gemm_plan(c.tmp / "sglang-plan.json", [(1, 8, 8)], backend="sglang", dtype="bfloat16"),
+        runs_plan=True,
+    ),
+    Row(
         "run-vllm-where-it-is-not-installed",
         ("run", "--plan", "{tmp}/vllm-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
         "vLLM is not installed here: run vLLM plans in the backend's pinned image vllm/vllm-openai:v0.24.0@sha256:",

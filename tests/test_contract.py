@@ -126,3 +126,27 @@ def test_the_pinned_vllm_wheel_and_a_doctored_copy():
     context = "src/opcollect/backends/vllm/context.py"
     assert any(line.startswith(context) and "ensure_model_parallel_initialized: not defined" in line for line in lines)
     assert any(line.startswith(context) and "no parameter 'distributed_init_method'" in line for line in lines)
+
+
+def test_the_pinned_sglang_wheels_and_a_doctored_copy():
+    """SGLang's runners against its pinned wheel and sglang-kernel's (.ci/run downloads both with `nox -s
+    contract-sglang`), then against a copy without a symbol and a parameter that sglang/context.py uses."""
+    found = sorted(WHEELS.glob("sglang-0.5.14-*.whl")) + sorted(WHEELS.glob("sglang_kernel-0.4.4-*.whl"))
+    if len(found) < 2:
+        pytest.skip("no pinned SGLang wheels in .cache/wheels; `nox -s contract-sglang` downloads them (.ci/run does)")
+    backends = Path(__file__).resolve().parents[1] / "src" / "opcollect" / "backends"
+    uses = runner_uses(backends / "sglang", ("sglang", "sgl_kernel"), backends.parents[2])
+    release = Release(*found)
+    assert len(uses) > 50 and {u.module.split(".")[0] for u in uses} == {"sglang", "sgl_kernel"}
+    assert check(uses, release) == []
+    state = "sglang/srt/distributed/parallel_state.py"
+    release.files[state] = (
+        release.files[state]
+        .replace("def model_parallel_is_initialized(", "def model_parallel_ready(")
+        .replace("    expert_model_parallel_size: int = 1,", "    moe_model_parallel_size: int = 1,", 1)
+    )
+    release._trees.clear()
+    lines = [m.render() for m in check(uses, release)]
+    context = "src/opcollect/backends/sglang/context.py"
+    assert any(line.startswith(context) and "model_parallel_is_initialized: not defined" in line for line in lines)
+    assert any(line.startswith(context) and "no parameter 'expert_model_parallel_size'" in line for line in lines)

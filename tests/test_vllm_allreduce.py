@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from opcollect.backends.torch import comm as torch_comm
 from opcollect.backends.vllm import allreduce as ar
 from opcollect.plans.comm import VARIANTS, CustomAllreduceCase
 from opcollect.runtime.contract import KernelLimit
@@ -112,7 +113,7 @@ def test_expected_communicator_without_symm_mem():
 
 
 def test_calls_per_sample():
-    assert ar.SAMPLE_SECONDS == 2e-3 and ar.MAX_CALLS_PER_SAMPLE == 100
+    assert torch_comm.SAMPLE_SECONDS == 2e-3 and torch_comm.MAX_CALLS_PER_SAMPLE == 100
     assert ar.calls_per_sample(1e-4) == 20  # 2 ms / 100 us
     assert ar.calls_per_sample(3e-4) == 6  # int(6.67)
     assert ar.calls_per_sample(1e-5) == 100  # 200, capped

@@ -15,6 +15,7 @@ import os
 import queue as queue_module
 import socket
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from opcollect.runtime.contract import KernelLimit, Measured
@@ -188,3 +189,27 @@ def _time_one(case: dict, device: str, cuda: bool, config: TimingConfig, dist, t
     raw = sample_until_stable(sample, config, clock=lambda: spent[0])
     stats = summarize(raw, "eager" if cuda else "cpu", calls, threads=1 if not cuda else None)
     return Measured(stats, "NCCL" if cuda else "gloo")
+
+
+# ---- shared by the frameworks' own all-reduce runners (backends/vllm/allreduce.py, backends/sglang/allreduce.py)
+
+
+@dataclass(frozen=True)
+class AllreduceMeasured(Measured):
+    communicator: str = ""  # what the framework's all-reduce ran (its communicator)
+
+
+def tensor_shape(elements: int) -> tuple[int, int]:
+    """The reference's layout (collect_all_reduce.py:69-75): one row up to 4096 elements, else rows of 4096."""
+    if elements <= 4096 or elements % 4096:
+        return (1, elements)
+    return (elements // 4096, 4096)
+
+
+def case_bytes(case) -> int:
+    return message_bytes(case.allreduce_dtype, case.message_size)
+
+
+def calls_per_sample(seconds_per_call: float, target: float = SAMPLE_SECONDS, cap: int = MAX_CALLS_PER_SAMPLE) -> int:
+    """All-reduces in one sample (one graph replay, or one eager loop) so that it lasts about ``target``."""
+    return max(1, min(cap, int(target / max(seconds_per_call, 1e-7))))

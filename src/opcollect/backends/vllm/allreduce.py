@@ -21,9 +21,16 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 
-from opcollect.backends.torch.comm import MAX_CALLS_PER_SAMPLE, SAMPLE_SECONDS, TORCH_DTYPES, _free_port, run_ranks
+from opcollect.backends.torch.comm import (
+    TORCH_DTYPES,
+    AllreduceMeasured,
+    _free_port,
+    calls_per_sample,
+    case_bytes,
+    run_ranks,
+    tensor_shape,
+)
 from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.dtypes import message_bytes
 from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
@@ -52,24 +59,8 @@ CUSTOM_AR_RANK_DATA = 8 * MiB
 META_ALLOWANCE = MiB  # ops.meta_size() (sizeof vllm::Signal in csrc, not read here): well under 1 MiB
 
 
-@dataclass(frozen=True)
-class AllreduceMeasured(Measured):
-    communicator: str = ""  # what vLLM ran: custom_allreduce, torch_symm_mem, nccl_symm_mem, flashinfer, pynccl
-
-
 def rank_devices(num_gpus: int) -> list[str]:
     return [f"cuda:{rank}" for rank in range(num_gpus)]
-
-
-def tensor_shape(elements: int) -> tuple[int, int]:
-    """The reference's layout (collect_all_reduce.py:69-75): one row up to 4096 elements, else rows of 4096."""
-    if elements <= 4096 or elements % 4096:
-        return (1, elements)
-    return (elements // 4096, 4096)
-
-
-def case_bytes(case) -> int:
-    return message_bytes(case.allreduce_dtype, case.message_size)
 
 
 def capability(sm: str) -> str:
@@ -97,11 +88,6 @@ def expected_communicator(world: int, dtype: str, nbytes: int, sm: str, symm_mem
     if symm_mem and dtype == "bfloat16" and nbytes % 4 == 0 and nbytes <= limit:  # symm_mem.py:116-124: bf16 only
         return "torch_symm_mem"
     return "pynccl"
-
-
-def calls_per_sample(seconds_per_call: float, target: float = SAMPLE_SECONDS, cap: int = MAX_CALLS_PER_SAMPLE) -> int:
-    """All-reduces in one sample (one graph replay, or one eager loop) so that it lasts about ``target``."""
-    return max(1, min(cap, int(target / max(seconds_per_call, 1e-7))))
 
 
 def footprint(case) -> int:

@@ -1,0 +1,60 @@
+"""The SGLang backend: SGLang 0.5.14's own layers and kernels, as SGLang selects them on the device.
+
+Each runner builds what serving would (the linear methods and their kernel dispatch, FusedMoE with the runner
+backend SGLang resolves, RadixAttention over its token pools with the attention backend of the SM, the MLA
+backend with the absorb BMMs, the custom all-reduce) inside one worker's SGLang context (context.py: the
+process-wide server args and parallel state, set in one place and restored) and reads what SGLang chose.
+sglang is imported only inside the functions that run on the GPU; NCCL is timed as the torch backend times it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from opcollect.backends.sglang import allreduce, attention, gemm, mla, moe
+from opcollect.backends.torch import comm
+from opcollect.errors import FrameworkMissing
+from opcollect.runtime import devices as hardware
+from opcollect.runtime import timing
+from opcollect.runtime.contract import ANY_DISPATCH, Measured, Registry, Runner
+from opcollect.runtime.harness import TimingConfig
+
+FRAMEWORK = "sglang"
+devices = hardware.devices
+device_sm = hardware.device_sm
+free_memory = hardware.free_memory
+setup_worker = hardware.setup_worker
+
+
+def identity(device: str) -> dict:
+    try:
+        import sglang
+    except ImportError:
+        raise FrameworkMissing(
+            FRAMEWORK, "SGLang is not installed here: run SGLang plans in the backend's pinned image"
+        ) from None
+    return {"framework": FRAMEWORK, "version": sglang.__version__, **hardware.probe(device)}
+
+
+RUNNERS = Registry(FRAMEWORK)
+# one runner per op: each reads from SGLang which kernel it chose, whatever the plan predicted
+RUNNERS.add("gemm", Runner(gemm.footprint, gemm.prepare))
+RUNNERS.add("moe", Runner(moe.footprint, moe.prepare))
+for _context, _suffix in ((True, "context"), (False, "generation")):
+    RUNNERS.add(
+        f"attention_{_suffix}",
+        Runner(partial(attention.footprint, context=_context), partial(attention.prepare, context=_context)),
+    )
+    RUNNERS.add(
+        f"mla_{_suffix}", Runner(partial(mla.footprint, context=_context), partial(mla.prepare, context=_context))
+    )
+RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # NCCL, as nccl-tests times it
+RUNNERS.add("custom_allreduce", Runner(allreduce.footprint, measure_row=allreduce.measure_row))
+
+
+def footprint(op: str, case) -> int:
+    return RUNNERS.find(op, ANY_DISPATCH).footprint(case)
+
+
+def measure(op: str, dispatch: str, cases: list, device: str, config: TimingConfig) -> list[Measured]:
+    return timing.measure_cases(RUNNERS.find(op, dispatch), dispatch, cases, device, config)
