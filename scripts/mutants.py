@@ -43,6 +43,9 @@ PLANS = "tests/test_planted_plans.py"
 DISPATCH = "tests/test_vllm_dispatch.py"
 SGLANG = "tests/test_sglang_dispatch.py"
 REFERENCE = "tests/test_dispatch_vs_reference.py"
+VLLM_GEMM_MOE = "tests/test_vllm_gemm_moe.py"
+VLLM_AR = "tests/test_vllm_allreduce.py"
+SGLANG_ATTN = "tests/test_sglang_attention_mla.py"
 CONTRACT = "tests/test_contract.py"
 BACKEND = "tests/test_backend_contract.py"
 RUNTIME = "tests/test_planted_runtime.py"
@@ -767,6 +770,35 @@ MUTANTS: list[Mutant] = [
         'if dispatch == "moe_torch_flow_cutlass" and case.topk in (6, 22):',
         f"{SGLANG}::test_trtllm_labels_as_its_reference_collector",
         f"{REFERENCE}::test_sm90_dispatch_names_the_reference_kernel_source",
+    ),
+    # ---- the framework runners' input builders ------------------------------------------------------------
+    m(
+        "vllm-block-scales-floor",
+        "backends/vllm/gemm.py",
+        'scales=(("weight_scale_inv", (ceil_div(n, BLOCK), ceil_div(k, BLOCK)), "float32"),),',
+        'scales=(("weight_scale_inv", (n // BLOCK, k // BLOCK), "float32"),),',
+        VLLM_GEMM_MOE,
+    ),
+    m(
+        "vllm-moe-ep-splits-inter",
+        "backends/vllm/moe.py",
+        "return case.num_experts // ep, case.inter_size, ep, True",
+        "return case.num_experts // ep, case.inter_size // ep, ep, True",
+        VLLM_GEMM_MOE,
+    ),
+    m(
+        "vllm-custom-allreduce-limit-inclusive",
+        "backends/vllm/allreduce.py",
+        "nbytes < custom_ar_max_bytes(world, sm, symm_mem)",
+        "nbytes <= custom_ar_max_bytes(world, sm, symm_mem)",
+        VLLM_AR,
+    ),
+    m(
+        "sglang-page-size-16",
+        "backends/sglang/attention.py",
+        'return TRTLLM_PAGE_SIZE if backend.startswith("trtllm") else 1',
+        'return TRTLLM_PAGE_SIZE if backend.startswith("trtllm") else 16',
+        SGLANG_ATTN,
     ),
 ]
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.timing import random_tensor
 
 # the page size SGLang forces for the trtllm backends: trtllm_mha (server_args.py:4638-4642), trtllm_mla
@@ -64,7 +65,7 @@ class TokenLayout:
 
 
 def token_layout(batch_size: int, query_len: int, seq_len: int, page_size: int) -> TokenLayout:
-    pages = -(-seq_len // page_size)
+    pages = ceil_div(seq_len, page_size)
     # slot 0..page_size-1 is the padded first page, where padded tokens write (memory_pool.py _create_buffers)
     table = tuple(tuple(page_size * (1 + s * pages) + p for p in range(seq_len)) for s in range(batch_size))
     new = range(seq_len - query_len, seq_len)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from math import prod
 
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.dtypes import ceil_div
 
 BLOCK = 128  # fp8_block weight blocks (n, k)
 INT4_GROUP = 128  # GPTQ group size along k
@@ -49,10 +50,6 @@ class GemmLayout:
     act_quant_bytes: int  # the quantized activation (and its scales) the kernel writes per call
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def gemm_layout(case) -> GemmLayout:
     m, n, k, dtype = case.m, case.n, case.k, case.gemm_dtype
     if dtype not in QUANTIZATION:
@@ -67,10 +64,10 @@ def gemm_layout(case) -> GemmLayout:
                           act_quant_bytes=m * k + m * 4)  # fmt: skip
     if dtype == "fp8_block":  # weight_scale_inv [ceil(N/128), ceil(K/128)] (fp8.py:462-480)
         common["block_size"] = (BLOCK, BLOCK)
-        scales = (("weight_scale_inv", (_ceil(n, BLOCK), _ceil(k, BLOCK)), "float32"),)
+        scales = (("weight_scale_inv", (ceil_div(n, BLOCK), ceil_div(k, BLOCK)), "float32"),)
         # activations in (1, 128) groups, one fp32 scale each (sglang_per_token_group_quant_fp8)
         return GemmLayout(**common, weight=("weight", (n, k), "float8_e4m3fn"), scales=scales,
-                          act_quant_bytes=m * k + m * _ceil(k, BLOCK) * 4)  # fmt: skip
+                          act_quant_bytes=m * k + m * ceil_div(k, BLOCK) * 4)  # fmt: skip
     if dtype == "int4_wo":
         groups = k // INT4_GROUP
         # GPTQMarlinLinearScheme.create_weights (gptq/schemes/gptq_marlin.py:88-150): qweight int32 [K/8, N],

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.timing import random_tensor
 
 # vLLM's default page size, kept by FLASH_ATTN and FLASHINFER (config/cache.py:46; platforms/interface.py:593-626
@@ -56,7 +57,7 @@ def lengths(case, context: bool) -> tuple[int, int]:
 
 def attention_layout(case, context: bool, block_size: int = SERVING_BLOCK_SIZE) -> AttentionLayout:
     query_len, seq_len = lengths(case, context)
-    blocks_per_seq = -(-seq_len // block_size)
+    blocks_per_seq = ceil_div(seq_len, block_size)
     # a prompt's queries together see every key; a decode step only the last window_size keys. vLLM's sliding-window
     # manager frees pages wholly before the window and points their entries at the null block
     # (v1/core/single_type_kv_cache_manager.py SlidingWindowManager); the kernel reads only keys in the window
@@ -97,7 +98,7 @@ def footprint(case, context: bool) -> int:
     query_len, seq_len = lengths(case, context)
     tokens = case.batch_size * query_len
     qkvo = tokens * (2 * case.num_heads + 2 * case.num_key_value_heads) * case.head_dim * elem
-    blocks_per_seq = -(-seq_len // SERVING_BLOCK_SIZE)
+    blocks_per_seq = ceil_div(seq_len, SERVING_BLOCK_SIZE)
     # upper bound: a sliding window frees pages (attention_layout), counted here as if kept
     pages = (1 + case.batch_size * blocks_per_seq) * 2 * SERVING_BLOCK_SIZE * case.num_key_value_heads * case.head_dim
     return qkvo + pages * kv_elem + case.batch_size * blocks_per_seq * 4 + tokens * 8

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from math import prod
 
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.dtypes import ceil_div
 
 BLOCK = 128  # fp8_block weight blocks (n, k)
 INT4_GROUP = 128  # GPTQ group size along k
@@ -53,10 +54,6 @@ class GemmLayout:
     act_quant_bytes: int  # the quantized activation (and its scales) the kernel writes per call
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def gemm_layout(case) -> GemmLayout:
     m, n, k = case.m, case.n, case.k
     dtype = case.gemm_dtype
@@ -87,7 +84,7 @@ def gemm_layout(case) -> GemmLayout:
             x_shape=(m, k),
             out_shape=(m, n),
             weight=("weight", (n, k), "float8_e4m3fn"),
-            scales=(("weight_scale_inv", (_ceil(n, BLOCK), _ceil(k, BLOCK)), "float32"),),
+            scales=(("weight_scale_inv", (ceil_div(n, BLOCK), ceil_div(k, BLOCK)), "float32"),),
             block_size=(BLOCK, BLOCK),
             config_class="Fp8Config",
             config_args=(
@@ -95,7 +92,7 @@ def gemm_layout(case) -> GemmLayout:
                 ("activation_scheme", "dynamic"),
                 ("weight_block_size", (BLOCK, BLOCK)),
             ),
-            act_quant_bytes=m * k + m * _ceil(k, BLOCK) * 4,  # groups of (1, 128) with fp32 scales
+            act_quant_bytes=m * k + m * ceil_div(k, BLOCK) * 4,  # groups of (1, 128) with fp32 scales
         )
     if dtype == "int4_wo":
         groups = k // INT4_GROUP

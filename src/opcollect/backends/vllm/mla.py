@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.timing import random_tensor
 
 # deepseek-ai/DeepSeek-V3 config.json (Hugging Face; also aiconfigurator_core/model_configs/
@@ -79,7 +80,7 @@ def lengths(case, context: bool) -> tuple[int, int]:
 
 def mla_layout(case, context: bool, block_size: int) -> MlaLayout:
     query_len, seq_len = lengths(case, context)
-    per_seq = -(-seq_len // block_size)
+    per_seq = ceil_div(seq_len, block_size)
     b = case.batch_size
     table = tuple(tuple(1 + s * per_seq + j for j in range(per_seq)) for s in range(b))
     new = range(seq_len - query_len, seq_len)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from math import prod
 
 from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.runtime.dtypes import ceil_div
 
 BLOCK = 128  # fp8_block weight blocks
 INT4_GROUP = 128
@@ -38,10 +39,6 @@ class MoeLayout:
     config_args: tuple[tuple[str, object], ...]
     activation: str = "silu"
     has_bias: bool = False
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def split(case) -> tuple[int, int, int, bool]:
@@ -87,8 +84,8 @@ def moe_layout(case) -> MoeLayout:
         params = (
             ("w13_weight", w13, fp8),
             ("w2_weight", w2, fp8),
-            ("w13_weight_scale_inv", (experts, 2 * _ceil(inter, BLOCK), _ceil(hidden, BLOCK)), "float32"),
-            ("w2_weight_scale_inv", (experts, _ceil(hidden, BLOCK), _ceil(inter, BLOCK)), "float32"),
+            ("w13_weight_scale_inv", (experts, 2 * ceil_div(inter, BLOCK), ceil_div(hidden, BLOCK)), "float32"),
+            ("w2_weight_scale_inv", (experts, ceil_div(hidden, BLOCK), ceil_div(inter, BLOCK)), "float32"),
         )
         args = (("is_checkpoint_fp8_serialized", True), ("activation_scheme", "dynamic"))
         return make(params, "Fp8Config", (*args, ("weight_block_size", (BLOCK, BLOCK))))
@@ -119,7 +116,7 @@ def moe_layout(case) -> MoeLayout:
             raise KernelLimit("vLLM w4a16_mxfp4 experts are collected for gpt-oss shapes (hidden = inter = 2880) only")
         # the TRITON backend rounds the per-rank inter size up to 64 (oracle/mxfp4.py:633-665, the last branch);
         # SM100's TRT-LLM backend rounds both sizes to 256 instead, so there this layout (and the footprint) is low
-        inter = _ceil(inter, 64) * 64
+        inter = ceil_div(inter, 64) * 64
         params = (
             ("w13_weight", (experts, 2 * inter, hidden // 2), "uint8"),
             ("w13_weight_scale", (experts, 2 * inter, hidden // MXFP4_BLOCK), "uint8"),
