@@ -123,13 +123,6 @@ def test_expected_communicator(world, nbytes, graphed, nvlink, expected):
     assert ar.expected_communicator(world, nbytes, "90", graphed, nvlink) == expected
 
 
-def test_calls_per_sample():
-    assert ar.calls_per_sample(1e-4) == 20  # 2 ms / 100 us
-    assert ar.calls_per_sample(3e-4) == 6  # int(6.67)
-    assert ar.calls_per_sample(1e-5) == 100  # 200, capped
-    assert ar.calls_per_sample(1e-2) == 1
-
-
 def test_footprint_by_hand():
     fixed = MiB + 64 * 131073 + 16 * MiB  # signals, graph parameters, pull buffer
     assert ar.footprint(case(1024)) == 3 * 2048 + fixed + 2 * 8 * 720 * KiB  # TP8: SM100's 720 KiB push size

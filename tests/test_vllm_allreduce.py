@@ -114,12 +114,12 @@ def test_expected_communicator_without_symm_mem():
 
 def test_calls_per_sample():
     assert torch_comm.SAMPLE_SECONDS == 2e-3 and torch_comm.MAX_CALLS_PER_SAMPLE == 100
-    assert ar.calls_per_sample(1e-4) == 20  # 2 ms / 100 us
-    assert ar.calls_per_sample(3e-4) == 6  # int(6.67)
-    assert ar.calls_per_sample(1e-5) == 100  # 200, capped
-    assert ar.calls_per_sample(1e-2) == 1  # one call longer than the target
-    assert ar.calls_per_sample(0.0) == 100
-    assert ar.calls_per_sample(1e-3, target=1e-2, cap=5) == 5
+    assert torch_comm.calls_per_sample(1e-4) == 20  # 2 ms / 100 us
+    assert torch_comm.calls_per_sample(3e-4) == 6  # int(6.67)
+    assert torch_comm.calls_per_sample(1e-5) == 100  # 200, capped
+    assert torch_comm.calls_per_sample(1e-2) == 1  # one call longer than the target
+    assert torch_comm.calls_per_sample(0.0) == 100
+    assert torch_comm.calls_per_sample(1e-3, target=1e-2, cap=5) == 5
 
 
 def test_footprint_by_hand():

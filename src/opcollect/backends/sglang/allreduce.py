@@ -21,20 +21,19 @@ The kernel_source stays the variant's at every size; what SGLang ran comes back 
 from __future__ import annotations
 
 import sys
-import time
 
 from opcollect.backends.torch.comm import (
     TORCH_DTYPES,
     AllreduceMeasured,
     _free_port,
-    calls_per_sample,
     case_bytes,
     run_ranks,
     tensor_shape,
+    time_all_reduce,
 )
 from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.dtypes import message_bytes
-from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
+from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"sglang_graph": "SGLang_CustomAllReduce_graph", "sglang_eager": "SGLang_CustomAllReduce_eager"}
 RANK_START_SECONDS = 300.0  # SGLang's start: NCCL, pynccl, the custom all-reduce's IPC exchange
@@ -251,7 +250,6 @@ def _capture(x, calls: int):
 
 def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
     import torch
-    import torch.distributed as dist
     from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
     from sglang.srt.distributed.parallel_state import get_tp_group
 
@@ -262,52 +260,12 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
     graphed = case["backend"] == "sglang_graph"
     group = get_tp_group()
     communicator = communicator_used(group, x, graphed)
-    worst = torch.zeros(1, dtype=torch.float64)
-
-    def agreed(seconds: float) -> float:
-        worst.fill_(seconds)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=cpu_group)
-        return float(worst.item())
-
-    def eager(calls: int) -> None:
-        # The same input every call, not cloned, as serving passes its activation. V2 and the in-place fallbacks
-        # overwrite x with the sum (all ones grow to inf, which costs the same); the reference clones per call
-        # (collect_all_reduce.py:865-883), one device copy of the message per call more than these.
-        for _ in range(calls):
-            tensor_model_parallel_all_reduce(x)
-
-    def timed(step, calls: int) -> float:
-        """Seconds per all-reduce over one step of ``calls`` of them, the maximum over the ranks."""
-        dist.barrier(group=cpu_group)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        return agreed((time.perf_counter() - start) / calls)
-
-    if graphed:
-        probe = _capture(x, 1)
-        timed(probe.replay, 1)
-        calls = calls_per_sample(timed(probe.replay, 1))  # the same in every rank: an agreed maximum
-        del probe
-        graph = _capture(x, calls)
-        step = graph.replay
-    else:
-        timed(lambda: eager(1), 1)  # the first call compiles V2's kernel
-        calls = calls_per_sample(timed(lambda: eager(1), 1))
-
-        def step() -> None:
-            eager(calls)
-
-    spent = [0.0]
-
-    def sample() -> float:
-        value = timed(step, calls)
-        spent[0] += value * calls
-        return value
-
-    raw = sample_until_stable(sample, config, clock=lambda: spent[0])
-    stats = summarize(raw, "graph" if graphed else "eager", calls)
+    # The same input every call, not cloned, as serving passes its activation. V2 and the in-place fallbacks
+    # overwrite x with the sum (all ones grow to inf, which costs the same); the reference clones per call
+    # (collect_all_reduce.py:865-883), one device copy of the message per call more than these.
+    stats = time_all_reduce(
+        lambda: tensor_model_parallel_all_reduce(x), (lambda n: _capture(x, n)) if graphed else None, cpu_group, config
+    )
     if device == "cuda:0":
         algo = getattr(group.ca_comm, "_determine_algo", None) if communicator == "custom_allreduce_v2" else None
         detail = f" ({algo(x).name.lower()})" if algo is not None else ""

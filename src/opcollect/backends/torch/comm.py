@@ -20,7 +20,7 @@ from functools import partial
 
 from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.dtypes import message_bytes
-from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
+from opcollect.runtime.harness import Stats, TimingConfig, sample_until_stable, summarize
 
 TORCH_DTYPES = {"half": "float16", "bfloat16": "bfloat16", "float32": "float32", "int8": "int8", "fp8": "float8_e4m3fn"}
 RANK_START_SECONDS = 120.0
@@ -213,3 +213,51 @@ def case_bytes(case) -> int:
 def calls_per_sample(seconds_per_call: float, target: float = SAMPLE_SECONDS, cap: int = MAX_CALLS_PER_SAMPLE) -> int:
     """All-reduces in one sample (one graph replay, or one eager loop) so that it lasts about ``target``."""
     return max(1, min(cap, int(target / max(seconds_per_call, 1e-7))))
+
+
+def time_all_reduce(all_reduce, capture, cpu_group, config: TimingConfig) -> Stats:
+    """A framework's all-reduce timed alike in every rank: samples of K calls (one replay of a graph of K captured
+    calls when ``capture(K)`` is given, else K eager calls of the same input), each the maximum over the ranks
+    of ``cpu_group``, until the harness's stopping rule holds; K makes a sample last about SAMPLE_SECONDS."""
+    import torch
+    import torch.distributed as dist
+
+    worst = torch.zeros(1, dtype=torch.float64)
+
+    def timed(step, calls: int) -> float:
+        """Seconds per all-reduce over one step of ``calls`` of them, the maximum over the ranks."""
+        dist.barrier(group=cpu_group)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        worst.fill_((time.perf_counter() - start) / calls)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=cpu_group)
+        return float(worst.item())
+
+    def eager(calls: int) -> None:
+        for _ in range(calls):
+            all_reduce()
+
+    if capture is not None:
+        probe = capture(1)
+        timed(probe.replay, 1)  # the first replay pays lazy setup
+        calls = calls_per_sample(timed(probe.replay, 1))  # the same in every rank: an agreed maximum
+        del probe
+        step = capture(calls).replay
+    else:
+        timed(lambda: eager(1), 1)  # the first call pays lazy setup (a JIT compile, NCCL's communicator)
+        calls = calls_per_sample(timed(lambda: eager(1), 1))
+
+        def step() -> None:
+            eager(calls)
+
+    spent = [0.0]
+
+    def sample() -> float:
+        value = timed(step, calls)
+        spent[0] += value * calls
+        return value
+
+    raw = sample_until_stable(sample, config, clock=lambda: spent[0])
+    return summarize(raw, "graph" if capture is not None else "eager", calls)

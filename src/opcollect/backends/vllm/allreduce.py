@@ -20,20 +20,19 @@ ran is read from its communicator objects and returned as Measured.communicator.
 from __future__ import annotations
 
 import sys
-import time
 
 from opcollect.backends.torch.comm import (
     TORCH_DTYPES,
     AllreduceMeasured,
     _free_port,
-    calls_per_sample,
     case_bytes,
     run_ranks,
     tensor_shape,
+    time_all_reduce,
 )
 from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.dtypes import message_bytes
-from opcollect.runtime.harness import TimingConfig, sample_until_stable, summarize
+from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"vllm_graph": "vLLM_custom_graph", "vllm_eager": "vLLM_custom_eager"}  # plans/comm.py VARIANTS
 RANK_START_SECONDS = 300.0  # vLLM's start: NCCL, custom all-reduce's P2P test (custom_all_reduce.py:160-166)
@@ -208,7 +207,6 @@ def _capture(x, calls: int, device: str):
 
 def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
     import torch
-    import torch.distributed as dist
     from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
     from vllm.distributed.device_communicators.all_reduce_utils import should_nccl_symm_mem_allreduce
 
@@ -220,53 +218,16 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
     # Past custom all-reduce's max_size (custom_ar_max_bytes) vLLM runs torch symm-mem or pynccl; the label
     # stays the variant's, as the reference's does; ``communicator`` says what ran.
     graphed = case["backend"] == "vllm_graph"
-    worst = torch.zeros(1, dtype=torch.float64)
-
-    def agreed(seconds: float) -> float:
-        worst.fill_(seconds)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=cpu_group)
-        return float(worst.item())
-
-    def eager(calls: int) -> None:
-        # The same input every call, not cloned: vLLM's all-reduce is out of place, so the input stays intact, and
-        # serving passes its activation as is. The reference clones inside its timing
-        # (collect_all_reduce.py:594-659), so its eager rows are higher than these by one device copy of the
-        # message per call; these match serving.
-        for _ in range(calls):
-            tensor_model_parallel_all_reduce(x)
-
-    def timed(step, calls: int) -> float:
-        """Seconds per all-reduce over one step of ``calls`` of them, the maximum over the ranks."""
-        dist.barrier(group=cpu_group)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        return agreed((time.perf_counter() - start) / calls)
-
-    if graphed:
-        probe = _capture(x, 1, device)
-        timed(probe.replay, 1)
-        calls = calls_per_sample(timed(probe.replay, 1))  # the same in every rank: an agreed maximum
-        del probe
-        graph = _capture(x, calls, device)
-        step = graph.replay
-    else:
-        timed(lambda: eager(1), 1)
-        calls = calls_per_sample(timed(lambda: eager(1), 1))
-
-        def step() -> None:
-            eager(calls)
-
-    spent = [0.0]
-
-    def sample() -> float:
-        value = timed(step, calls)
-        spent[0] += value * calls
-        return value
-
-    raw = sample_until_stable(sample, config, clock=lambda: spent[0])
-    stats = summarize(raw, "graph" if graphed else "eager", calls)
+    # The same input every call, not cloned: vLLM's all-reduce is out of place, so the input stays intact, and
+    # serving passes its activation as is. The reference clones inside its timing
+    # (collect_all_reduce.py:594-659), so its eager rows are higher than these by one device copy of the
+    # message per call; these match serving.
+    stats = time_all_reduce(
+        lambda: tensor_model_parallel_all_reduce(x),
+        (lambda n: _capture(x, n, device)) if graphed else None,
+        cpu_group,
+        config,
+    )
     if device == "cuda:0":
         print(
             f"custom_allreduce {case['backend']} {case['message_size']} elements: vLLM ran {communicator}",
