@@ -9,6 +9,7 @@ import pytest
 
 from opcollect.plans.coverage import table_coverage
 from opcollect.plans.ops import OPS
+from opcollect.plans.planner import PlanOptions
 
 REFERENCE = Path(__file__).parent / "data" / "reference"
 VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
@@ -49,3 +50,31 @@ def test_sm90_dispatch_names_the_reference_kernel_source(plans, backend, op, pat
     selection = plans[backend].ops[op]
     found = table_coverage(OPS[op], selection.values, path, backend, selection.dispatch)["dispatch"]
     assert found["rows"] > 0 and found["percent"] >= 99.0, found
+
+
+RULES = [(op, backend) for op in OPS for backend in ("vllm", "sglang", "trtllm") if backend in OPS[op].case_dispatch]
+
+
+@pytest.mark.parametrize(("op", "backend"), RULES, ids=[f"{b}-{op}" for op, b in RULES])
+def test_each_case_rule_reads_only_the_fields_it_declares(planner, op, backend):
+    """The planner asks a rule once per distinct value of its declared fields, and never for other dispatches:
+    changing any other field of a planned case, or asking for another dispatch, must not change its answer."""
+    rule, plan_op = OPS[op].case_dispatch[backend], OPS[op]
+    assert rule.reads and set(rule.reads) <= set(plan_op.fields)
+    checked = 0
+    for sm in ("90", "100", "120"):
+        found = planner.plan(backend, sm, PlanOptions(ops=(op,))).ops[op]
+        values = found.values[:: max(1, len(found.values) // 150)]
+        seen = {f: sorted({v[i] for v in found.values}, key=str) for i, f in enumerate(plan_op.fields)}
+        for group_dispatch in {plan_op.dispatch[backend](sm, g) for g in planner.groups(op, sm)}:
+            for raw in values:
+                case = plan_op.case_type._make(raw)
+                if rule.dispatches is not None and group_dispatch not in rule.dispatches:
+                    assert rule(sm, group_dispatch, case) == group_dispatch
+                    continue
+                answer = rule(sm, group_dispatch, case)
+                for name in set(plan_op.fields) - set(rule.reads):
+                    for other in seen[name][:3]:
+                        assert rule(sm, group_dispatch, case._replace(**{name: other})) == answer, (name, other)
+                checked += 1
+    assert checked

@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import AttentionGrid, ContextAttentionGrid, GenerationAttentionGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans.base import Group, OpPlan, make_groups
+from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
 
 
@@ -172,6 +172,7 @@ def _vllm(sm: str, group: Group) -> str:
     return "FLASHINFER" if sm in ("100", "103") else "FLASH_ATTN"
 
 
+@refines(("head_dim", "kv_cache_dtype", "step", "isl"))
 def _vllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
     """The kernel_source the vLLM runner reads off the chosen backend, as the reference names it."""
     if dispatch == "FLASHINFER":
@@ -205,6 +206,7 @@ def _gemma4(case: AttentionCase) -> bool:
     return case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)
 
 
+@refines(("head_dim", "window_size"))
 def _sglang_case(sm: str, dispatch: str, case: AttentionCase) -> str:
     # Gemma-4 runs on triton wherever trtllm_mha does not (server_args.py:4057-4084:
     # _handle_model_specific_adjustments)
@@ -218,6 +220,7 @@ def _trtllm(sm: str, group: Group) -> str:
     return "torch_flow"
 
 
+@refines(("head_dim", "window_size"), ("torch_flow",))
 def _trtllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
     return "torch_flow_flashinfer" if _gemma4(case) and sm in ("100", "103") else dispatch
 

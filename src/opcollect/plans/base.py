@@ -92,6 +92,19 @@ Dispatch = Callable[[str, Group], str]  # (sm, group) -> kernel or runner name
 CaseDispatch = Callable[[str, str, NamedTuple], str]
 
 
+def refines(reads: tuple[str, ...], dispatches: tuple[str, ...] | None = None):
+    """Mark a CaseDispatch with the case fields its answer depends on and the group dispatches it may change
+    (None: any). The planner asks it once per distinct ``reads`` values in a group and not at all for other
+    dispatches; tests/test_dispatch_vs_reference.py holds each rule to its marks."""
+
+    def mark(rule):
+        rule.reads = tuple(reads)
+        rule.dispatches = None if dispatches is None else frozenset(dispatches)
+        return rule
+
+    return mark
+
+
 @dataclass(frozen=True)
 class OpPlan:
     """One op family's planning contract."""

@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import GemmGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans.base import Group, OpPlan, make_groups, sm_at_least
+from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 
 
 class GemmCase(NamedTuple):
@@ -62,6 +62,7 @@ def _vllm(sm: str, group: Group) -> str:
     }.get(group.dtype, "torch.nn.functional.linear")  # UnquantizedLinearMethod: F.linear (layers/utils.py:92-98)
 
 
+@refines(("m", "n", "k"), ("fp8_block", "int4_wo"))
 def _vllm_case(sm: str, dispatch: str, case: GemmCase) -> str:
     if dispatch == "fp8_block":
         # _POSSIBLE_FP8_BLOCK_KERNELS (kernels/linear/__init__.py:323-329): FlashInfer+DeepGEMM on exactly
@@ -104,6 +105,7 @@ def _sglang(sm: str, group: Group) -> str:
     return "sglang_torch_linear"  # UnquantizedLinearMethod.apply: F.linear (layers/quantization/unquant.py:139-162)
 
 
+@refines(("n", "k"), ("fp8", "fp8_block"))
 def _sglang_case(sm: str, dispatch: str, case: GemmCase) -> str:
     if dispatch == "fp8":
         # apply_fp8_linear: sgl_kernel.fp8_scaled_mm when both weight dims divide by 16, else the Triton

@@ -9,7 +9,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import ContextMlaGrid, GenerationMlaGrid, MlaGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans.base import Group, OpPlan, make_groups
+from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
 
 
@@ -98,6 +98,7 @@ def _vllm(sm: str, group: Group) -> str:
     return "FLASHINFER_MLA" if sm in ("100", "103") else "TRITON_MLA"
 
 
+@refines(("isl",))
 def _vllm_context(sm: str, dispatch: str, case: MlaCase) -> str:
     # Prefill tokens beyond the backend's decode threshold run the prefill backend, FLASH_ATTN on SM90 and
     # first on SM100 (mla/prefill/selector.py:48-69): the threshold is 512 for FLASH_ATTN_MLA
@@ -121,7 +122,7 @@ def _trtllm(sm: str, group: Group) -> str:
     return "default"
 
 
-def _mla_plan(name: str, table: str, op_name: str, expand, cost, case_dispatch=None) -> OpPlan:
+def _mla_plan(name: str, table: str, op_name: str, expand, cost) -> OpPlan:
     return OpPlan(
         name=name,
         family="mla",
@@ -133,11 +134,8 @@ def _mla_plan(name: str, table: str, op_name: str, expand, cost, case_dispatch=N
         tp_sizes=lambda grid: tuple(grid.tp_size),
         dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
         cost=cost,
-        case_dispatch=case_dispatch or {},
     )
 
 
-CONTEXT = _mla_plan(
-    "mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost, {"vllm": _vllm_context}
-)
+CONTEXT = _mla_plan("mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost)
 GENERATION = _mla_plan("mla_generation", "generation_mla_perf", "mla_generation", expand_generation, _generation_cost)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from opcollect.cases.grids import ContextMlaModuleGrid, GenerationMlaModuleGrid, MlaModuleGrid
 from opcollect.names import BACKENDS
 from opcollect.plans import mla
-from opcollect.plans.base import Group, OpPlan, make_groups
+from opcollect.plans.base import Group, OpPlan, make_groups, refines
 
 
 class MlaModuleCase(NamedTuple):
@@ -52,6 +52,7 @@ def expand_generation(grid: GenerationMlaModuleGrid, shapes) -> list[Group]:
     return _expand("mla_generation_module", grid, grid.step, context=False)
 
 
+@refines(("isl",))
 def _vllm_context(sm: str, dispatch: str, case: MlaModuleCase) -> str:
     return mla._vllm_context(sm, dispatch, case)
 

@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import MoeGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans.base import Group, OpPlan, make_groups, sm_at_least
+from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 from opcollect.plans.gemm import model_origins
 
 
@@ -134,6 +134,7 @@ def _vllm(sm: str, group: Group) -> str:
 _GPT_OSS = (2880, 2880)
 
 
+@refines(("moe_ep_size", "hidden_size", "inter_size"), ("fp8_block", "w4a16_mxfp4"))
 def _vllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
     if dispatch == "fp8_block":
         # oracle/fp8.py:105-115: on exactly SM90 expert parallelism puts FlashInfer CUTLASS first, else Triton
@@ -182,6 +183,10 @@ def _nemotron_h(case: MoeCase) -> bool:
 _DEEPSEEK_HIDDEN = 7168  # DeepSeek-V3 and Kimi-K2.5: SGLang forces flashinfer_trtllm for them on SM100
 
 
+@refines(
+    ("hidden_size", "inter_size", "num_experts", "topk"),
+    ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
+)
 def _sglang_case(sm: str, dispatch: str, case: MoeCase) -> str:
     family100 = sm in ("100", "103")
     if dispatch == "w4a16_mxfp4":
@@ -215,6 +220,7 @@ def _trtllm(sm: str, group: Group) -> str:
     return "moe_torch_flow_cutlass"
 
 
+@refines(("hidden_size", "inter_size", "num_experts", "topk"), ("moe_torch_flow_cutlass",))
 def _trtllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
     # Nemotron-3's experts are non-gated ReLU2 (collect_moe.py:42,364-377; NemotronHMOE passes Relu2 to create_moe)
     if dispatch == "moe_torch_flow_cutlass" and _nemotron_h(case):

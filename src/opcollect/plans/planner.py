@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -187,11 +188,11 @@ class Planner:
             else:
                 values.extend(map(p.group.values.__getitem__, p.positions))
                 ids.extend(p.group.ids_at(p.positions))
-            if refine is None:
+            if refine is None or (refine.dispatches is not None and p.dispatch not in refine.dispatches):
                 dispatches.extend([p.dispatch] * len(p.positions))
                 by_dispatch[p.dispatch] += len(p.positions)
             else:
-                mine = [refine(sm, p.dispatch, op.case_type._make(p.group.values[i])) for i in p.positions]
+                mine = _refined(op, refine, sm, p)
                 dispatches.extend(mine)
                 by_dispatch.update(mine)
             by_dtype[p.group.label] = by_dtype.get(p.group.label, 0) + len(p.positions)
@@ -249,6 +250,21 @@ def _smoke(op: OpPlan, picked: list[_Picked]) -> list[_Picked]:
         for n, p in enumerate(picked)
         if n in keep
     ]
+
+
+def _refined(op: OpPlan, refine, sm: str, picked: _Picked) -> list[str]:
+    """Each picked case's dispatch, asking the rule once per distinct value of the fields it reads."""
+    key_of = itemgetter(*(op.fields.index(name) for name in refine.reads))
+    known: dict = {}
+    found = []
+    for i in picked.positions:
+        values = picked.group.values[i]
+        key = key_of(values)
+        dispatch = known.get(key)
+        if dispatch is None:
+            dispatch = known[key] = refine(sm, picked.dispatch, op.case_type._make(values))
+        found.append(dispatch)
+    return found
 
 
 def _batch_rows(op: OpPlan, backend: str, values: list, ids: list[str], dispatches: list[str]) -> list[Row] | None:
