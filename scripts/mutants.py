@@ -800,6 +800,20 @@ MUTANTS: list[Mutant] = [
         'return TRTLLM_PAGE_SIZE if backend.startswith("trtllm") else 16',
         SGLANG_ATTN,
     ),
+    m(
+        "planner-refines-once-per-group",
+        "plans/planner.py",
+        "        key = key_of(values)\n",
+        "        key = 0\n",
+        f"{REFERENCE}::test_sm90_dispatch_names_the_reference_kernel_source",
+    ),
+    m(
+        "sglang-gemm-rule-reads-too-little",
+        "plans/gemm.py",
+        '@refines(("n", "k"), ("fp8", "fp8_block"))',
+        '@refines(("n",), ("fp8", "fp8_block"))',
+        f"{REFERENCE}::test_each_case_rule_reads_only_the_fields_it_declares",
+    ),
 ]
 
 
