@@ -261,3 +261,55 @@ def time_all_reduce(all_reduce, capture, cpu_group, config: TimingConfig) -> Sta
 
     raw = sample_until_stable(sample, config, clock=lambda: spent[0])
     return summarize(raw, "graph" if capture is not None else "eager", calls)
+
+
+def run_all_reduce_row(
+    cases: list, device: str, config: TimingConfig, rank_main, framework: str, variants, start_seconds: float
+) -> list:
+    """A framework's own all-reduce over one row of cases (one dtype, GPU count and variant): refused before any
+    rank starts when it cannot run here, else ``rank_main(rank, world, port, payload, config, results,
+    parent_pid)`` in every rank; rank 0 answers."""
+    world = cases[0].num_gpus
+    if any(
+        (c.allreduce_dtype, c.num_gpus, c.backend) != (cases[0].allreduce_dtype, world, cases[0].backend) for c in cases
+    ):
+        raise ValueError("a custom_allreduce row mixes dtypes, GPU counts or variants")
+    if cases[0].backend not in variants:
+        raise KernelLimit(f"{framework} has no all-reduce variant {cases[0].backend!r}")
+    if not device.startswith("cuda"):
+        raise KernelLimit(f"{framework}'s all-reduce runs on CUDA GPUs only")
+    import torch
+
+    if torch.cuda.device_count() < world:
+        raise KernelLimit(
+            f"an all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
+        )
+    payload = [c._asdict() for c in cases]
+    seconds = start_seconds + len(cases) * (config.max_case_seconds * 4 + 10)
+    return run_ranks(rank_main, world, (world, _free_port(), payload, config), seconds, "an all-reduce rank")
+
+
+def serve_rank(rank: int, payload: list, config: TimingConfig, results, parent_pid: int, init, parallel, time_one):
+    """One rank of a framework's all-reduce: join its world (``init()``), time every case of the row with
+    ``time_one(case, device, config, cpu_group)`` and let rank 0 answer; ``parallel()`` gives the framework's
+    (get_tp_group, destroy_model_parallel)."""
+    from opcollect.runtime import lifeline
+
+    lifeline.hold(parent_pid)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    try:
+        init()
+        get_tp_group, destroy_model_parallel = parallel()
+        cpu_group = get_tp_group().cpu_group  # gloo: the ranks agree on CPU numbers without touching the GPU streams
+        measured = [time_one(case, f"cuda:{rank}", config, cpu_group) for case in payload]
+        if rank == 0:
+            results.put(measured)
+        dist.barrier(group=cpu_group)
+        destroy_model_parallel()
+    except Exception as exc:  # the worker classifies the message
+        if rank == 0:
+            results.put(f"{type(exc).__name__}: {exc}")
+        raise

@@ -20,17 +20,18 @@ ran is read from its communicator objects and returned as Measured.communicator.
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from opcollect.backends.torch.comm import (
     TORCH_DTYPES,
     AllreduceMeasured,
-    _free_port,
     case_bytes,
-    run_ranks,
+    run_all_reduce_row,
+    serve_rank,
     tensor_shape,
     time_all_reduce,
 )
-from opcollect.runtime.contract import KernelLimit, Measured
+from opcollect.runtime.contract import Measured
 from opcollect.runtime.dtypes import message_bytes
 from opcollect.runtime.harness import TimingConfig
 
@@ -103,25 +104,7 @@ def footprint(case) -> int:
 
 
 def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured]:
-
-    world = cases[0].num_gpus
-    if any(
-        (c.allreduce_dtype, c.num_gpus, c.backend) != (cases[0].allreduce_dtype, world, cases[0].backend) for c in cases
-    ):
-        raise ValueError("a custom_allreduce row mixes dtypes, GPU counts or variants")
-    if cases[0].backend not in KERNEL_SOURCES:
-        raise KernelLimit(f"vLLM has no all-reduce variant {cases[0].backend!r}")
-    if not device.startswith("cuda"):
-        raise KernelLimit("vLLM's all-reduce runs on CUDA GPUs only")
-    import torch
-
-    if torch.cuda.device_count() < world:
-        raise KernelLimit(
-            f"an all-reduce over {world} GPUs needs {world} visible GPUs, found {torch.cuda.device_count()}"
-        )
-    payload = [c._asdict() for c in cases]
-    seconds = RANK_START_SECONDS + len(cases) * (config.max_case_seconds * 4 + 10)
-    return run_ranks(_rank_main, world, (world, _free_port(), payload, config), seconds, "an all-reduce rank")
+    return run_all_reduce_row(cases, device, config, _rank_main, "vLLM", KERNEL_SOURCES, RANK_START_SECONDS)
 
 
 def _init_world(rank: int, world: int, port: int) -> None:
@@ -142,27 +125,15 @@ def _init_world(rank: int, world: int, port: int) -> None:
 
 
 def _rank_main(rank, world, port, payload, config, results, parent_pid) -> None:
-    from opcollect.runtime import lifeline
+    serve_rank(
+        rank, payload, config, results, parent_pid, partial(_init_world, rank, world, port), _parallel, _time_one
+    )
 
-    lifeline.hold(parent_pid)
-    import torch
-    import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    try:
-        _init_world(rank, world, port)
-        from vllm.distributed import destroy_model_parallel, get_tp_group
+def _parallel():
+    from vllm.distributed import destroy_model_parallel, get_tp_group
 
-        cpu_group = get_tp_group().cpu_group  # gloo: the ranks agree on CPU numbers without touching the GPU streams
-        measured = [_time_one(case, f"cuda:{rank}", config, cpu_group) for case in payload]
-        if rank == 0:
-            results.put(measured)
-        dist.barrier(group=cpu_group)
-        destroy_model_parallel()
-    except Exception as exc:  # the worker classifies the message
-        if rank == 0:
-            results.put(f"{type(exc).__name__}: {exc}")
-        raise
+    return get_tp_group, destroy_model_parallel
 
 
 def communicator_used(comm, x, nccl_symm_mem) -> str:
