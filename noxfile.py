@@ -92,6 +92,14 @@ _contract_session("vllm", ("vllm",))
 _contract_session("sglang", ("sglang", "sglang-kernel==0.4.4"))
 
 
+@nox.session(name="contract-trtllm", python=False, default=False)
+def contract_trtllm(session: nox.Session) -> None:
+    """Check the TensorRT-LLM runners' symbols against the pinned image's tensorrt_llm (no wheel exists; the
+    image must be pulled): `nox -s contract-trtllm` (`-- --version 1.3.0rc20`; `-- --source DIR` instead)."""
+    args = () if "--source" in session.posargs else ("--image",)
+    _opcollect(session, "contract", "trtllm", *args)
+
+
 def _import_check_session(backend: str, extra: tuple[str, ...]) -> None:
     def import_check(session: nox.Session) -> None:
         from pathlib import Path

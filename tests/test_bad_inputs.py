@@ -443,10 +443,12 @@ ROWS = [
         write("{run}/run.json", "{not json"),
     ),
     Row(
-        "run-a-backend-without-runners",
+        "run-trtllm-where-it-is-not-installed",
         ("run", "--plan", "{tmp}/trtllm-plan.json", "--out", "{tmp}/out", "--device", "cpu"),
-        "backend 'trtllm': this collector has no runners for it yet",
+        "TensorRT-LLM is not installed here: run TensorRT-LLM plans in the backend's pinned image "
+        "nvcr.io/nvidia/tensorrt-llm/release:",
         lambda c: gemm_plan(c.tmp / "trtllm-plan.json", [(1, 8, 8)], backend="trtllm", dtype="bfloat16"),
+        runs_plan=True,
     ),
     Row(
         "run-sglang-where-it-is-not-installed",
@@ -610,6 +612,26 @@ ROWS = [
         "empty-selection-collect",
         ("collect", "vllm", "--local", "--device", "cpu", "--ops", "gemm", "--out", "{tmp}/out"),
         "collect vllm: vllm cpu with --ops gemm selects 0 cases",
+    ),
+    Row(
+        "unpinned-version-collect",
+        ("collect", "trtllm", "--version", "1.3.0rc99", "--local", "--sm", "90", "--out", "{tmp}/out"),
+        "pins.yaml: backend 'trtllm' has no version '1.3.0rc99'; pinned: 1.3.0rc23, 1.3.0rc20",
+    ),
+    Row(
+        "unpinned-version-contract-image",
+        ("contract", "trtllm", "--image", "--version", "1.3.0rc99"),
+        "pins.yaml: backend 'trtllm' has no version '1.3.0rc99'; pinned: 1.3.0rc23, 1.3.0rc20",
+    ),
+    Row(
+        "bad-image-ref-contract",
+        ("contract", "trtllm", "--image", "nvcr.io/x;rm -rf /"),
+        "--image 'nvcr.io/x;rm -rf /': not an image reference; give repo:tag or repo:tag@sha256:<64 hex>",
+    ),
+    Row(
+        "no-release-contract-trtllm",
+        ("contract", "trtllm"),
+        "contract trtllm: checked nothing: give the pinned release with --wheel PATH, --source DIR or --image",
     ),
     Row(
         "disk-full-plan",

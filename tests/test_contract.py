@@ -150,3 +150,33 @@ def test_the_pinned_sglang_wheels_and_a_doctored_copy():
     context = "src/opcollect/backends/sglang/context.py"
     assert any(line.startswith(context) and "model_parallel_is_initialized: not defined" in line for line in lines)
     assert any(line.startswith(context) and "no parameter 'expert_model_parallel_size'" in line for line in lines)
+
+
+def test_a_dataclass_takes_its_fields_and_its_dataclass_bases_fields(tmp_path):
+    """A dataclass has no __init__ in its source: its keywords are its annotated fields (ClassVar ones left out)
+    and those of the dataclass bases it extends, the way TensorRT-LLM's QuantConfig and ModelConfig are built."""
+    package = tmp_path / "release" / "tensorrt_llm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text(
+        "import dataclasses\nfrom dataclasses import dataclass\nfrom typing import ClassVar\n\n"
+        "@dataclass\nclass Base:\n    quant_algo: str = None\n\n"
+        "@dataclasses.dataclass(kw_only=True)\nclass Quant(Base):\n    group_size: int = 128\n"
+        "    registry: ClassVar[dict] = {}\n\n"
+        "class Plain(Base):\n    pass\n"
+    )
+    runners = tmp_path / "src" / "opcollect" / "backends" / "trtllm"
+    runners.mkdir(parents=True)
+    (runners / "gemm.py").write_text(
+        "def f():\n    from tensorrt_llm.config import Plain, Quant\n"
+        "    Quant(quant_algo='FP8', group_size=128)\n"
+        "    Quant(registry={}, scale=1)\n"
+        "    Plain(quant_algo='FP8', other=1)\n"
+    )
+    _, misses, _ = contract("trtllm", [tmp_path / "release"], runners.parent)
+    assert sorted(m.render() for m in misses) == [
+        "src/opcollect/backends/trtllm/gemm.py:4: tensorrt_llm.config.Quant: no parameter 'registry'",
+        "src/opcollect/backends/trtllm/gemm.py:4: tensorrt_llm.config.Quant: no parameter 'scale'",
+        # a plain subclass of a dataclass takes the base's generated __init__
+        "src/opcollect/backends/trtllm/gemm.py:5: tensorrt_llm.config.Plain: no parameter 'other'",
+    ]

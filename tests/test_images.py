@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT, run_cli
 from docker.errors import ImageNotFound
 
+from opcollect.errors import InputError
 from opcollect.images.container import (
     ContainerRun,
     Interrupted,
@@ -216,6 +217,20 @@ def test_input_hash_follows_its_inputs(tree_copy):
     assert plan_build(tree, "vllm").input_hash != base
     other = plan_build(tree, "vllm", base_image="vllm/vllm-openai:v0.25.0@sha256:" + "1" * 64)
     assert other.input_hash != base and other.version is None
+
+
+def test_a_pinned_version_picks_its_own_image_and_an_unpinned_one_is_refused():
+    """TensorRT-LLM keeps two pins: --version builds on the older one's image, with its own tag and hash."""
+    tree = find_project()
+    pins = load_pins(tree.pins)
+    current, older = pins.backends["trtllm"].current, "1.3.0rc20"
+    assert current != older and older in pins.backends["trtllm"].versions
+    new, old = plan_build(tree, "trtllm"), plan_build(tree, "trtllm", version=older)
+    assert new.version == current and old.version == older
+    assert old.base_image == pins.pin("trtllm", older)[1].image and old.base_image != new.base_image
+    assert old.tag.startswith(f"opcollect/trtllm:{older}-") and old.input_hash != new.input_hash
+    with pytest.raises(InputError, match="has no version '1.3.0rc99'; pinned: 1.3.0rc23, 1.3.0rc20"):
+        plan_build(tree, "trtllm", version="1.3.0rc99")
 
 
 def test_failed_build_prints_the_failing_step_and_exits_2(docker_client, tree_copy):

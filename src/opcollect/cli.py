@@ -181,6 +181,7 @@ def _add_collect(sub) -> None:
     p.add_argument("--gpus", default="all", help="all, or device indices such as 0,1 (containers only)")
     p.add_argument("--pins", type=Path, help="pins file (default: pins.yaml of the checkout)")
     p.add_argument("--base-image", help="build on this image instead of the pin (a local image needs no digest)")
+    p.add_argument("--version", help="one of the backend's pinned versions (default: its current pin)")
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op")
     p.add_argument("--ops", help="comma-separated ops (default: every op)")
     p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON")
@@ -206,11 +207,14 @@ def cmd_collect(args) -> int:
         sm=args.sm,
         device=args.device,
         plan_options=PlanOptions(ops=ops, smoke=args.smoke),
-        run_options=_run_options(args),
+        run_options=_run_options(args, expect_version=args.version),
         out=args.out,
         model_configs=tuple(args.model_config),
+        version=args.version,
     )
     tree = find_project(args.root)
+    if args.version is not None:  # a version must be pinned, also for a local run, which refuses another one
+        _check_pins(tree, args.pins, args.backend, args.version)
     if args.local:
         summary = collect_local(tree, request)
         print(describe(summary))
@@ -242,16 +246,20 @@ def _add_build(sub) -> None:
     )
     p.add_argument("--pins", type=Path, help="pins file (default: pins.yaml of the checkout)")
     p.add_argument("--base-image", help="build on this image instead of the pin (a local image needs no digest)")
+    p.add_argument("--version", help="one of the backend's pinned versions (default: its current pin)")
     p.add_argument("--no-cache", action="store_true", help="build every layer again, reusing nothing")
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
     p.set_defaults(func=cmd_build)
 
 
-def _check_pins(tree, pins: Path | None) -> None:
-    """Read the pins before planning or reaching the Docker engine: a broken pins.yaml is named first."""
+def _check_pins(tree, pins: Path | None, backend: str | None = None, version: str | None = None) -> None:
+    """Read the pins before planning or reaching the Docker engine: a broken pins.yaml, or a version it does not
+    pin, is named first."""
     from opcollect.images.pins import load_pins
 
-    load_pins(pins or tree.pins)
+    loaded = load_pins(pins or tree.pins)
+    if version is not None:
+        loaded.pin(backend, version)
 
 
 def cmd_build(args) -> int:
@@ -264,7 +272,9 @@ def cmd_build(args) -> int:
     if args.backend is None:
         raise InputError("build: name a backend (torch, vllm, sglang or trtllm), or pass --prune")
     _check_pins(find_project(args.root), args.pins)
-    built = build_image(find_project(args.root), args.backend, args.pins, args.base_image, no_cache=args.no_cache)
+    built = build_image(
+        find_project(args.root), args.backend, args.pins, args.base_image, no_cache=args.no_cache, version=args.version
+    )
     state = "cache hit" if built.cache_hit else "built"
     print(
         f"{built.tag} ({state} in {built.seconds:.1f} s; input hash {built.plan.input_hash[:12]}, "
@@ -372,19 +382,53 @@ def _add_contract(sub) -> None:
     p.add_argument(
         "--source", type=Path, action="append", default=[], help="a directory of the release's packages; repeatable"
     )
+    p.add_argument(
+        "--image",
+        nargs="?",
+        const="",
+        metavar="REF",
+        help="copy the release out of a local image through the Docker engine (default: the pinned image)",
+    )
+    p.add_argument("--version", help="with --image and no REF: the pinned version whose image to read")
+    p.add_argument("--pins", type=Path, help="pins file (default: pins.yaml of the checkout)")
     p.set_defaults(func=cmd_contract)
 
 
+def _image_release(args, dest: Path) -> tuple[Path, str]:
+    """(directory, image) of the backend's packages copied out of the image ``--image`` names."""
+    from opcollect.backends.symbols import FRAMEWORK_PACKAGES
+    from opcollect.images.engine import connect
+    from opcollect.images.pins import load_pins
+    from opcollect.images.sources import check_image_ref, copy_package_sources
+    from opcollect.project import find_project
+
+    ref = args.image
+    if not ref:
+        _, pin = load_pins(args.pins or find_project(None).pins).pin(args.backend, args.version)
+        ref = pin.image
+    check_image_ref(ref)
+    packages = FRAMEWORK_PACKAGES.get(args.backend, ())
+    copy_package_sources(connect(), ref, packages, dest)
+    return dest, ref
+
+
 def cmd_contract(args) -> int:
+    import tempfile
+
     from opcollect.backends.symbols import contract
 
     releases = [*args.wheel, *args.source]
-    checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parent / "backends")
+    shown = [str(r) for r in releases]
+    with tempfile.TemporaryDirectory(prefix="opcollect-contract-") as tmp:
+        if args.image is not None:
+            directory, ref = _image_release(args, Path(tmp))
+            releases.append(directory)
+            shown.append(f"image {ref}")
+        checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parent / "backends")
     for miss in misses:
         print(miss.render())
     left = f"; not checked: {', '.join(unchecked)} (no release of it given)" if unchecked else ""
-    shown = ", ".join(str(r) for r in releases)
-    print(f"contract {args.backend} against {shown}: {checked} uses checked, {len(misses)} missing{left}")
+    print(f"contract {args.backend} against {', '.join(shown)}: {checked} uses checked, {len(misses)} missing{left}")
     return 1 if misses else 0
 
 
@@ -405,16 +449,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _pinned_image(backend: str) -> str:
-    """`` <image> (...)`` for the backend's current pin, or nothing when pins.yaml cannot tell."""
+def _pinned_image(backend: str, version: str | None) -> str:
+    """`` <image> (...)`` for the backend's pin (``version``, else its current one), or nothing when pins.yaml
+    cannot tell."""
     from opcollect.images.pins import load_pins
     from opcollect.project import find_project
 
     try:
-        _, pin = load_pins(find_project().pins).pin(backend)
+        _, pin = load_pins(find_project().pins).pin(backend, version)
     except (InputError, OSError, AttributeError):
         return ""
-    return f" {pin.image} (`opcollect collect {backend}` builds on it and runs the plan inside)"
+    flag = f" --version {version}" if version else ""
+    return f" {pin.image} (`opcollect collect {backend}{flag}` builds on it and runs the plan inside)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except FrameworkMissing as exc:
-        print(f"opcollect: error: {exc}{_pinned_image(exc.backend)}", file=sys.stderr)
+        pinned = _pinned_image(exc.backend, getattr(args, "version", None) or getattr(args, "expect_version", None))
+        print(f"opcollect: error: {exc}{pinned}", file=sys.stderr)
         return exc.exit_code
     except InputError as exc:
         print(f"opcollect: error: {exc}", file=sys.stderr)

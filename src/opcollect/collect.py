@@ -26,6 +26,7 @@ class CollectRequest:
     run_options: RunOptions
     out: Path | None
     model_configs: tuple[Path, ...] = ()
+    version: str | None = None  # one of the backend's pinned versions; None: its current one
 
 
 def host_gpu_sm() -> str | None:
@@ -118,7 +119,7 @@ def collect_in_container(
 
     with ctrl_c_noted():  # a Ctrl-C that Python drops on the way still stops the collection before its start
         prepared = prepare(tree, request)
-        built = build_image(tree, request.backend, pins_path, base_image, say)
+        built = build_image(tree, request.backend, pins_path, base_image, say, version=request.version)
         flags = _run_flags(request.run_options) + [
             "--image",
             built.plan.base_image,

@@ -21,6 +21,11 @@ from opcollect.errors import InputError
 
 # the top-level packages each framework backend imports from
 FRAMEWORK_PACKAGES = {"vllm": ("vllm",), "sglang": ("sglang", "sgl_kernel"), "trtllm": ("tensorrt_llm",)}
+# frameworks whose pinned release has no wheel on the package index: where their sources come from
+NO_WHEEL = {
+    "trtllm": "TensorRT-LLM's release candidates have no wheel on PyPI: --source a checkout at the tag or the "
+    "tensorrt_llm/ package copied out of the image, or --image with the pinned image pulled"
+}
 MAX_DEPTH = 32  # re-export chains longer than this are reported rather than followed
 
 
@@ -185,13 +190,42 @@ def _parameters(release: Release, found: Found, depth: int = 0) -> tuple[set[str
         for item in node.body:
             if isinstance(item, ast.FunctionDef) and item.name == "__init__":
                 return _parameters(release, Found(found.module, item))
+        parents = []
         for base in node.bases:
             if isinstance(base, ast.Name):
                 parent = resolve(release, found.module, base.id)
                 if parent is not None and parent.node is not None:
-                    return _parameters(release, parent, depth + 1)
-        return None
+                    parents.append(parent)
+        if is_dataclass(node):  # the generated __init__ takes its fields and those of its dataclass bases
+            names = set(dataclass_fields(node))
+            for parent in parents:
+                inherited = _parameters(release, parent, depth + 1) if is_dataclass(parent.node) else None
+                if inherited is None:
+                    return None
+                names |= inherited[0]
+            return names, False
+        return _parameters(release, parents[0], depth + 1) if parents else None
     return None
+
+
+def is_dataclass(node: ast.AST) -> bool:
+    """A class under @dataclass, @dataclass(...) or @dataclasses.dataclass(...)."""
+    for decorator in getattr(node, "decorator_list", ()):
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+        if name == "dataclass":
+            return True
+    return False
+
+
+def dataclass_fields(node: ast.ClassDef) -> list[str]:
+    """The fields of a dataclass body: its annotated names, ClassVar ones left out."""
+    fields = []
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            if "ClassVar" not in ast.unparse(item.annotation):
+                fields.append(item.target.id)
+    return fields
 
 
 def runner_uses(backend_dir: Path, packages: tuple[str, ...], root: Path) -> list[Use]:
@@ -265,9 +299,10 @@ def contract(backend: str, releases: list[Path], backends_dir: Path) -> tuple[in
     if not runners.is_dir():
         raise InputError(f"contract {backend}: checked nothing: {runners} holds no runner yet")
     if not releases:
+        how = NO_WHEEL.get(backend, f"nox -s contract-{backend} downloads the wheel")
         raise InputError(
-            f"contract {backend}: checked nothing: give the pinned release with --wheel PATH or --source DIR "
-            f"(nox -s contract-{backend} downloads the wheel)"
+            f"contract {backend}: checked nothing: give the pinned release with --wheel PATH, --source DIR or "
+            f"--image [REF] ({how})"
         )
     uses = runner_uses(runners, packages, Path(backends_dir).parents[2])  # paths from the checkout's root
     if not uses:

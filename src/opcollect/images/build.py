@@ -66,6 +66,7 @@ def build_image(
     base_image: str | None = None,
     say: Callable[[str], None] = print,
     no_cache: bool = False,
+    version: str | None = None,
 ) -> BuiltImage:
     from docker.errors import ImageNotFound
 
@@ -74,7 +75,7 @@ def build_image(
 
     local_id = _local_ids(client)
 
-    plan = plan_build(tree, backend, pins_path, base_image, local_id)
+    plan = plan_build(tree, backend, pins_path, base_image, local_id, version)
     if not no_cache:
         try:
             image = client.images.get(plan.tag)
@@ -135,19 +136,20 @@ class Pruned:
 
 
 def _current_tags(tree: ProjectTree, pins_path: Path | None, images: list, local_id) -> set[str]:
-    """Tags `opcollect build` would reuse now: each backend's current pin, and each local base still here."""
+    """Tags `opcollect build` would reuse now: each pinned version of each backend (TensorRT-LLM keeps two), and
+    each local base still here."""
     pins = load_pins(pins_path or tree.pins)
-    wanted: set[tuple[str, str | None]] = set()
+    wanted: set[tuple[str, str | None, str | None]] = set()
     for image in images:
         backend, base = image.labels["io.opcollect.backend"], image.labels.get("org.opencontainers.image.base.name")
         if backend in pins.backends:
-            wanted.add((backend, None))  # the current pin
+            wanted |= {(backend, None, version) for version in pins.backends[backend].versions}
             if base and "@sha256:" not in base:
-                wanted.add((backend, base))  # a local base: current while that image is here
+                wanted.add((backend, base, None))  # a local base: current while that image is here
     tags = set()
-    for backend, base in wanted:
+    for backend, base, version in wanted:
         try:
-            tags.add(plan_build(tree, backend, pins_path, base, local_id).tag)
+            tags.add(plan_build(tree, backend, pins_path, base, local_id, version).tag)
         except InputError:
             pass  # a local base that is gone: nothing built on it is current
     return tags

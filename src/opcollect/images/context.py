@@ -71,9 +71,15 @@ def input_hash(base_image: str, base_digest: str, dockerfile: bytes, pyproject: 
 
 
 def plan_build(
-    tree: ProjectTree, backend: str, pins_path: Path | None = None, base_image: str | None = None, local_image_id=None
+    tree: ProjectTree,
+    backend: str,
+    pins_path: Path | None = None,
+    base_image: str | None = None,
+    local_image_id=None,
+    version: str | None = None,
 ) -> BuildPlan:
-    """Everything a build needs; ``local_image_id(ref)`` gives a local base's image ID."""
+    """Everything a build needs; ``local_image_id(ref)`` gives a local base's image ID; ``version`` picks one of
+    the backend's pinned versions (default: its current one)."""
     dockerfile = tree.images / backend / "Dockerfile"
     if not dockerfile.is_file():
         raise InputError(
@@ -81,7 +87,7 @@ def plan_build(
             + ", ".join(sorted(p.name for p in tree.images.iterdir() if (p / "Dockerfile").is_file()))
         )
     pins = load_pins(pins_path or tree.pins)
-    version, pin = pins.pin(backend)
+    version, pin = pins.pin(backend, version)
     entry_hash = hashlib.sha256(
         json.dumps({"backend": backend, "version": version, "image": pin.image}, sort_keys=True).encode()
     ).hexdigest()

@@ -220,11 +220,16 @@ def _trtllm(sm: str, group: Group) -> str:
     return "moe_torch_flow_cutlass"
 
 
-@refines(("hidden_size", "inter_size", "num_experts", "topk"), ("moe_torch_flow_cutlass",))
+@refines(("hidden_size", "inter_size", "num_experts", "topk"), ("moe_torch_flow_cutlass", "moe_torch_flow"))
 def _trtllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
     # Nemotron-3's experts are non-gated ReLU2 (collect_moe.py:42,364-377; NemotronHMOE passes Relu2 to create_moe)
     if dispatch == "moe_torch_flow_cutlass" and _nemotron_h(case):
         return "moe_torch_flow_nongated"
+    # TensorRT-LLM's resolve_moe_backend gives Triton to gpt-oss alone on Hopper; another MXFP4 checkpoint (Kimi-K3)
+    # resolves to CUTLASS there, its WFP4A16 method (tensorrt_llm/_torch/model_config.py resolve_moe_backend,
+    # cited at 1.3.0rc20 by collect_moe.py:428-454; fused_moe/quantization.py WFP4A16FusedMoEMethod)
+    if dispatch == "moe_torch_flow" and sm == "90" and (case.hidden_size, case.inter_size) != _GPT_OSS:
+        return "moe_torch_flow_cutlass"
     return dispatch
 
 

@@ -121,6 +121,12 @@ SKIPS: list[Skip] = [
         dtype="w4a16_mxfp4",
         sm=["80", "86", "89", "120"],
     ),
+    # TensorRT-LLM has no int4 weight-only MoE: CutlassFusedMoE sends every int4 group-wise config (W4A16_AWQ shares
+    # W4A8_AWQ's quant mode) to WInt4AFP8FusedMoEMethod, which quantizes activations to fp8 and raises
+    # NotImplementedError outside SM89/90, per-channel W4A16 has no MoE method, and TRTLLM-Gen takes no int4
+    # (tensorrt_llm/_torch/modules/fused_moe/create_moe.py get_moe_cls, fused_moe/quantization.py); the reference
+    # holds no trtllm int4_wo MoE row. verified_on: trtllm==1.3.0rc20
+    skip("trtllm-no-int4-weight-only-moe", backend="trtllm", op="moe", dtype="int4_wo"),
     # vLLM 0.24.0 has no fp8-query attention input: the layer takes the model's bf16 query and quantizes it itself
     # when the KV cache is fp8 (model_executor/layers/attention/attention.py:Attention.__init__ sets query_quant,
     # Attention.forward applies it), so bf16/fp8 is already the fp8 kernel and an fp8/fp8 case would time it
@@ -130,6 +136,45 @@ SKIPS: list[Skip] = [
     # upgrades FA3 -> FA4 for head_size > 256), whose forward asserts "FP8 is only supported on SM100" for an fp8
     # KV cache (vllm_flash_attn/cute/interface.py:_flash_attn_fwd); the grids' only such head_dim is 512.
     skip("vllm-fa4-no-fp8-kv-on-sm90", backend="vllm", op=ATTENTION, sm="90", head_dim=512, kv_cache_dtype="fp8"),
+    # TensorRT-LLM's FlashInferAttention (its path for Gemma-4's heads on SM100/103: head_dim 512, and head_dim 256
+    # with a 1024-token window, plans/attention.py _trtllm_case) has no fp8 FMHA compute: with an fp8 KV cache the
+    # query is cast and the output stays bf16 (attention_backend/flashinfer.py, cited at 1.3.0rc20 by the
+    # aiconfigurator collector, collector/trtllm/collect_attn.py:126-136); its B200 rc20 table holds bf16 compute
+    # only under torch_flow_flashinfer. verified_on: trtllm==1.3.0rc20
+    skip(
+        "trtllm-flashinfer-no-fp8-attention",
+        backend="trtllm",
+        op="attention_context",
+        sm=["100", "103"],
+        attn_dtype="fp8",
+        head_dim=512,
+    ),
+    # The same FlashInferAttention path for Gemma-4's sliding-window layers (head_dim 256, window 1024): bf16 compute
+    # only (collector/trtllm/collect_attn.py:126-136), as trtllm-flashinfer-no-fp8-attention.
+    # verified_on: trtllm==1.3.0rc20
+    skip(
+        "trtllm-flashinfer-no-fp8-attention-windowed",
+        backend="trtllm",
+        op="attention_context",
+        sm=["100", "103"],
+        attn_dtype="fp8",
+        head_dim=256,
+        window_size=1024,
+    ),
+    # TensorRT-LLM's TRTLLM attention backend aborts the process for head_dim > 256 ("Head size N is not supported by
+    # MMHA", a std::terminate, collect_attn.py:216-222), and Gemma-4's head_dim 512 has no other kernel off
+    # SM100/103 (collect_attn.py:108-125): the block would kill its worker. verified_on: trtllm==1.3.0rc20
+    skip(
+        "trtllm-attention-head-dim-over-256",
+        backend="trtllm",
+        op=ATTENTION,
+        head_dim=512,
+        sm=[sm for sm in GPU_SMS if sm not in ("100", "103")],
+    ),
+    # TensorRT-LLM's trtllm-gen FMHA (its attention kernels on SM100/103) aborts on head_dim 192 ("Unsupported HeadDim
+    # for BMM2-N 192", collect_attn.py:216-222); the B200 rc20 reference holds no head_dim 192 row, the H200 one
+    # does. verified_on: trtllm==1.3.0rc20
+    skip("trtllm-gen-no-head-dim-192", backend="trtllm", op=ATTENTION, head_dim=192, sm=["100", "103"]),
     # SGLang 0.5.14's FA3 casts the query to the KV dtype whenever the KV cache is fp8 and head_dim <= 256
     # (layers/attention/flashattention_backend.py:FlashAttentionBackend.forward_extend), so a bf16-query prefill
     # on an fp8 cache does not exist there: it is the fp8/fp8 case. Gemma-4 (head_dim 512, and its head_dim 256
@@ -184,6 +229,11 @@ SKIPS: list[Skip] = [
     # backend), into the module tables, as the reference collector records vLLM (mla/vllm/0.24.0 holds only
     # mla_*_module_perf); the kernel-only MLA tables are the other frameworks'.
     skip("vllm-mla-as-a-module", backend="vllm", op=["mla_context", "mla_generation"]),
+    # TensorRT-LLM's MLA has no compute-dtype switch besides its KV cache (attention_backend/trtllm.py: the MLA
+    # context and generation paths take the model's bf16 query), so an fp8 mla_dtype row would time the bf16
+    # kernel on an fp8 cache under another label; the reference records mla_dtype bfloat16 only (aiconfigurator
+    # collector/trtllm/collect_mla.py:654, collect_mla_module.py:158-159). verified_on: trtllm==1.3.0rc20
+    skip("trtllm-mla-bf16-compute", backend="trtllm", op=MLA, mla_dtype="fp8"),
     # Plain PyTorch has no MLA module, and SGLang's reference holds the kernel tables only; TensorRT-LLM's
     # reference has both, and so do its plans.
     skip("mla-module-not-timed", backend=["torch", "sglang"], op=["mla_context_module", "mla_generation_module"]),

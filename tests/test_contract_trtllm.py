@@ -1,0 +1,102 @@
+"""`opcollect contract trtllm` without a wheel: the TensorRT-LLM runners against the API skeleton of the source
+files they import (tests/data/trtllm-release, assembled by scripts/contract_tree.py; see its README), a copy of
+it doctored to lose a symbol and a parameter the runners use, the same tree copied out of a local image through
+the Docker engine (--image), and the refusal when no release is given."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+
+from opcollect.backends.symbols import Release, check, runner_uses
+from opcollect.images.engine import CONTAINER_LABEL
+
+TREE = Path(__file__).parent / "data" / "trtllm-release"
+BACKENDS = ROOT / "src" / "opcollect" / "backends"
+
+
+def _uses():
+    return runner_uses(BACKENDS / "trtllm", ("tensorrt_llm",), ROOT)
+
+
+def test_every_symbol_the_runners_use_is_in_the_assembled_tree():
+    uses = _uses()
+    modules = {u.module.split(".")[0] for u in uses}
+    assert len(uses) > 40 and modules == {"tensorrt_llm"}
+    misses = check(uses, Release(TREE))
+    assert misses == [], "\n".join(m.render() for m in misses) + (
+        "\nre-assemble tests/data/trtllm-release with scripts/contract_tree.py from a real source tree"
+    )
+    # every file the tree holds names the commit it was read at
+    readme = (TREE / "README.md").read_text()
+    for path in TREE.rglob("*.py"):
+        rel = path.relative_to(TREE).as_posix()
+        assert f"`{rel}`" in readme and path.read_text().startswith(f"# API skeleton of {rel} at NVIDIA/")
+
+
+def _doctor(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_doctored_tree_fails_at_the_runners_lines(tmp_path):
+    copy = tmp_path / "release"
+    shutil.copytree(TREE, copy)
+    _doctor(copy / "tensorrt_llm/_torch/modules/linear.py", "class Linear(", "class LinearLayer(")
+    mapping = "class Mapping(MappingBase):\n\n    def __init__(self, world_size=..., rank=..., gpus_per_node=..., *, "
+    _doctor(
+        copy / "tensorrt_llm/mapping.py", mapping + "cp_size=..., cp_config=..., tp_size=...,", mapping + "cp_size=...,"
+    )
+    done = run_cli("contract", "trtllm", "--source", str(copy))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(
+        line.startswith("src/opcollect/backends/trtllm/") and "linear.Linear: not defined" in line for line in lines
+    ), lines
+    assert any("Mapping: no parameter 'tp_size'" in line for line in lines), lines
+    assert lines[-1].startswith(f"contract trtllm against {copy}: ") and "missing" in lines[-1]
+    good = run_cli("contract", "trtllm", "--source", str(TREE))
+    assert good.returncode == 0 and good.stdout.strip().endswith(", 0 missing"), good.stdout + good.stderr
+
+
+def test_without_a_release_it_checks_nothing_and_exits_2():
+    done = run_cli("contract", "trtllm")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "checked nothing" in done.stderr and "no wheel on PyPI" in done.stderr
+
+
+@pytest.fixture
+def source_image(docker_client):
+    """A local image whose Python finds the assembled tree as the installed tensorrt_llm."""
+    tag = "opcollect-test/trtllm-sources:latest"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as archive:
+        dockerfile = (
+            "FROM opcollect-local/torch-cpu:latest\n"
+            "COPY tensorrt_llm /opt/trtllm/tensorrt_llm\n"
+            "ENV PYTHONPATH=/opt/trtllm\n"
+        ).encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        archive.addfile(info, io.BytesIO(dockerfile))
+        archive.add(TREE / "tensorrt_llm", arcname="tensorrt_llm")
+    context.seek(0)
+    docker_client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+def test_image_sources_are_copied_out_through_the_docker_engine(source_image, docker_client):
+    done = run_cli("contract", "trtllm", "--image", source_image)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checked = len([u for u in _uses()])
+    assert done.stdout.strip().endswith(f"against image {source_image}: {checked} uses checked, 0 missing")
+    assert not docker_client.containers.list(all=True, filters={"label": f"{CONTAINER_LABEL}=contract"})
+    absent = run_cli("contract", "trtllm", "--image", "opcollect-test/absent:none")
+    assert absent.returncode == 2 and "is not present locally; pull it" in absent.stderr
