@@ -60,36 +60,30 @@ for _backend in _backends():
     _backend_sessions(_backend)
 
 
-def _contract_session(backend: str, packages: tuple[str, ...]) -> None:
+def _contract_session(backend: str) -> None:
     def contract(session: nox.Session) -> None:
         from pathlib import Path
 
+        from opcollect.backends.symbols import fetch_wheels
+        from opcollect.errors import InputError
         from opcollect.images.pins import load_pins
 
-        version, _ = load_pins(Path("pins.yaml")).pin(backend)
-        wheels = Path(".cache") / "wheels"
-        args = []
-        for requirement in (f"{packages[0]}=={version}", *packages[1:]):
-            name, pinned = requirement.split("==")
-            pattern = f"{name.replace('-', '_')}-{pinned}-*.whl"
-            found = sorted(wheels.glob(pattern))
-            if not found:  # downloaded once, then reused: a pinned wheel does not change
-                pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", requirement, "-d", str(wheels)]
-                session.run(*pip, external=True)
-                found = sorted(wheels.glob(pattern))
-            args += ["--wheel", str(found[-1])]
-        _opcollect(session, "contract", backend, *args)
+        try:
+            version, _ = load_pins(Path("pins.yaml")).pin(backend)
+            wheels = fetch_wheels(backend, version, Path(".cache") / "wheels")
+        except InputError as exc:
+            session.error(str(exc))
+        _opcollect(session, "contract", backend, *[arg for wheel in wheels for arg in ("--wheel", str(wheel))])
 
     contract.__doc__ = (
-        f"Check the {backend} runners' framework symbols against the pinned {' and '.join(packages)} wheels "
+        f"Check the {backend} runners' framework symbols against the pinned release's wheels "
         f"(downloaded once into .cache/wheels): `nox -s contract-{backend}`."
     )
     nox.session(name=f"contract-{backend}", python=False, default=False)(contract)
 
 
-_contract_session("vllm", ("vllm",))
-# SGLang's kernels ship in their own package, pinned by SGLang 0.5.14's requirements
-_contract_session("sglang", ("sglang", "sglang-kernel==0.4.4"))
+_contract_session("vllm")
+_contract_session("sglang")  # with sglang-kernel's wheel: SGLang's kernels ship in their own package
 
 
 @nox.session(name="contract-trtllm", python=False, default=False)
@@ -124,6 +118,18 @@ def _import_check_session(backend: str, extra: tuple[str, ...]) -> None:
 
 _import_check_session("vllm", ())
 _import_check_session("sglang", ("sglang-kernel==0.4.4",))
+
+
+@nox.session(python=False, default=False)
+def bump(session: nox.Session) -> None:
+    """Move a backend's pin, writing the bump report: `nox -s bump -- vllm --version 0.25.0 --image REF@sha256:D`."""
+    _opcollect(session, "bump")
+
+
+@nox.session(python=False, default=False)
+def release(session: nox.Session) -> None:
+    """Package verified tables as a data wheel and sdist: `nox -s release -- --tables tables --out dist`."""
+    _opcollect(session, "release")
 
 
 @nox.session(python=False, default=False)

@@ -432,6 +432,80 @@ def cmd_contract(args) -> int:
     return 1 if misses else 0
 
 
+def _add_bump(sub) -> None:
+    p = sub.add_parser("bump", help="move a backend's pin to a new framework version, with its report")
+    p.add_argument("backend", metavar="BACKEND", help="torch, vllm, sglang or trtllm")
+    p.add_argument("--version", required=True, help="the framework version to pin")
+    p.add_argument("--image", required=True, metavar="REF@sha256:D", help="its image, by index digest")
+    p.add_argument("--keep-old", action="store_true", help="keep the previous version's entry (TensorRT-LLM keeps two)")
+    p.add_argument("--allow-downgrade", action="store_true", help="pin a version older than the current one")
+    p.add_argument("--resolve", action="store_true", help="ask the registry for --image's (repo:tag) index digest")
+    p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    p.set_defaults(func=cmd_bump)
+
+
+def cmd_bump(args) -> int:
+    from opcollect.files import write_atomic
+    from opcollect.images.bump import BumpRequest, bump
+    from opcollect.images.bump_report import report, report_path
+    from opcollect.project import find_project
+
+    tree = find_project(args.root)
+    request = BumpRequest(args.backend, args.version, args.image, args.keep_old, args.allow_downgrade, args.resolve)
+    bumped = bump(tree.pins, request)
+    text = report(tree, bumped)
+    path = report_path(tree, bumped)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+    write_atomic(tree.pins, bumped.after)
+    print(text)
+    print(f"wrote {tree.pins} and {path}")
+    return 0
+
+
+def _add_release(sub) -> None:
+    p = sub.add_parser("release", help="package verified tables as a reproducible data wheel and sdist")
+    p.add_argument("--tables", type=Path, required=True, metavar="DIR")
+    p.add_argument("--out", type=Path, required=True, metavar="DIST")
+    p.add_argument("--version", help="the data package's version (default: the newest collection's date)")
+    p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    p.set_defaults(func=cmd_release)
+
+
+def _source_date_epoch() -> int | None:
+    """SOURCE_DATE_EPOCH, the reproducible-builds convention for a fixed build time, when set."""
+    import os
+
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InputError(f"SOURCE_DATE_EPOCH={value!r}: not a count of seconds since 1970; unset it or give one")
+    return int(value)
+
+
+def cmd_release(args) -> int:
+    from opcollect.images.pins import load_pins
+    from opcollect.project import find_project
+    from opcollect.release.cut import cut
+
+    tree = find_project(args.root)
+    pins = load_pins(tree.pins)
+    recorded = {
+        name: {"current": entry.current, "versions": {v: pin.image for v, pin in entry.versions.items()}}
+        for name, entry in pins.backends.items()
+    }
+    builder = f"opcollect@{tree.git('rev-parse', 'HEAD') or 'unknown'}"
+    done = cut(args.tables, args.out, args.version, _source_date_epoch(), recorded, builder)
+    print(f"{done.wheel}: {done.packaged} files, version {done.version}, epoch {done.epoch}")
+    print(f"{done.sdist}\n{done.statement}")
+    print(f"installed into a fresh venv: {done.installed.output.splitlines()[-1] if done.installed.output else ''}")
+    if not done.installed.ok:
+        print(done.installed.output)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="opcollect", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -446,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     _add_compare(sub)
     _add_contract(sub)
+    _add_bump(sub)
+    _add_release(sub)
     return parser
 
 

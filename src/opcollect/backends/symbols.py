@@ -26,6 +26,9 @@ NO_WHEEL = {
     "trtllm": "TensorRT-LLM's release candidates have no wheel on PyPI: --source a checkout at the tag or the "
     "tensorrt_llm/ package copied out of the image, or --image with the pinned image pulled"
 }
+# what `pip download` fetches for a framework's release: the framework at the pinned version, then the packages
+# its runners also import, pinned by that release's requirements (SGLang 0.5.14's kernels: sglang-kernel 0.4.4)
+WHEEL_REQUIREMENTS = {"vllm": ("vllm",), "sglang": ("sglang", "sglang-kernel==0.4.4")}
 MAX_DEPTH = 32  # re-export chains longer than this are reported rather than followed
 
 
@@ -312,3 +315,27 @@ def contract(backend: str, releases: list[Path], backends_dir: Path) -> tuple[in
     unchecked = sorted({u.module.split(".")[0] for u in uses} - held)
     checked = [u for u in uses if u.module.split(".")[0] in held]
     return len(checked), check(checked, release), unchecked
+
+
+def fetch_wheels(backend: str, version: str, cache: Path, timeout: float = 1800) -> list[Path]:
+    """The release's wheels in ``cache``, downloaded once with `pip download --no-deps` (a pinned wheel does not
+    change); InputError saying why when the backend has no wheel or pip cannot fetch it."""
+    import subprocess
+    import sys
+
+    if backend not in WHEEL_REQUIREMENTS:
+        raise InputError(NO_WHEEL.get(backend, f"{backend} has no framework release to check"))
+    found = []
+    for requirement in (f"{WHEEL_REQUIREMENTS[backend][0]}=={version}", *WHEEL_REQUIREMENTS[backend][1:]):
+        name, pinned = requirement.split("==")
+        pattern = f"{name.replace('-', '_')}-{pinned}-*.whl"
+        wheels = sorted(Path(cache).glob(pattern))
+        if not wheels:
+            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", requirement, "-d", str(cache)]
+            done = subprocess.run(pip, capture_output=True, text=True, timeout=timeout)
+            wheels = sorted(Path(cache).glob(pattern))
+            if done.returncode != 0 or not wheels:
+                reason = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1][:200]
+                raise InputError(f"pip cannot fetch {requirement} ({reason})")
+        found.append(wheels[-1])
+    return found

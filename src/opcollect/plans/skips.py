@@ -40,11 +40,13 @@ def skip(name: str, **keys: object) -> Skip:
 
 SKIPS: list[Skip] = [
     # vLLM, SGLang and TensorRT-LLM run only on NVIDIA GPUs; on the CPU only the torch backend runs.
+    # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc23
     skip("frameworks-need-a-gpu", backend=["vllm", "sglang", "trtllm"], sm="cpu"),
     # gloo, the torch backend's process group on the CPU, has no float8 type in torch 2.13: all_reduce,
     # all_gather, reduce_scatter and alltoall on a float8_e4m3fn or float8_e5m2 tensor each raise "RuntimeError:
     # Invalid scalar type" (run with 2 and 4 ranks). half, bfloat16, int8 and float32 run all four with correct
     # results, so fp8 is gloo's only gap. It precedes fp8-needs-sm89, whose reason (no fp8 kernels) is another.
+    # verified_on: torch==2.13.0
     skip("gloo-no-fp8", backend="torch", op="comm", sm="cpu", dtype="fp8"),
     # fp8 tensor-core instructions arrive with Ada (SM89): earlier GPUs and the CPU have no fp8 GEMM,
     # attention or MoE kernel, so every such case would fail as a block.
@@ -69,6 +71,7 @@ SKIPS: list[Skip] = [
     # gemm_dispatch_sm89). TensorRT-LLM's grouped (MoE) block-scaled GEMM has no SM89 path: grouped_gemm_dispatch
     # is DeepGEMM-JIT only (TMA, SM90+) in cpp/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/
     # fp8_blockscale_gemm_kernel.cuh (GitHub main; the 1.3.0rc23 tree is not in reach here).
+    # verified_on: trtllm==1.3.0rc23
     skip("trtllm-fp8-block-moe-needs-sm90", backend="trtllm", op="moe", dtype="fp8_block", sm="89"),
     # NVFP4 needs the FP4 tensor cores of Blackwell (SM100 and newer).
     skip("nvfp4-needs-sm100", dtype="nvfp4", sm=["80", "86", "89", "90", "cpu"]),
@@ -76,11 +79,11 @@ SKIPS: list[Skip] = [
     # native baseline for the torch backend only.
     skip("float32-only-on-cpu", dtype="float32", sm=list(GPU_SMS)),
     # Plain PyTorch has no block-scaled fp8 or fp4 GEMM: each case would fail. (int4 weight-only runs:
-    # torch._weight_int4pack_mm on CUDA SM80+, torch._weight_int4pack_mm_for_cpu on the CPU.)
+    # torch._weight_int4pack_mm on CUDA SM80+, torch._weight_int4pack_mm_for_cpu on the CPU.) verified_on: torch==2.13.0
     skip("torch-no-quantized-gemm", backend="torch", op="gemm", dtype=["fp8_block", "nvfp4"]),
     # The torch MoE and MLA runners are bf16/fp32 references: quantized experts or latent caches (fp8, int4,
     # NVFP4, MXFP4) would be timed through dequantize-then-compute, a different kernel from any serving one
-    # (mismeasured); the MoE runner refuses them (backends/torch/moe.py:prepare).
+    # (mismeasured); the MoE runner refuses them (backends/torch/moe.py:prepare). verified_on: torch==2.13.0
     skip(
         "torch-no-quantized-moe-mla",
         backend="torch",
@@ -91,7 +94,7 @@ SKIPS: list[Skip] = [
     # FusedMoEParallelConfig.make (model_executor/layers/fused_moe/config.py) flattens the whole TP world into EP
     # (ep_size = tp_size) and returns tp_size=1, so a case with moe_tp_size > 1 and moe_ep_size > 1 is no vLLM
     # layer. (SGLang 0.5.14 splits both: moe_tp_size = tp // moe_ep_size // moe_dp_size in
-    # distributed/parallel_state.py:initialize_model_parallel.)
+    # distributed/parallel_state.py:initialize_model_parallel.) verified_on: vllm==0.24.0
     skip(
         "vllm-moe-tp-or-ep",
         backend="vllm",
@@ -107,13 +110,13 @@ SKIPS: list[Skip] = [
     skip("w4a8-mxfp4-needs-sm100", dtype="w4a8_mxfp4_mxfp8", sm=["80", "86", "89", "90", "cpu"]),
     # SGLang 0.5.14's MXFP8-activation MXFP4 MoE is the SM100/103 trtllm-gen kernel only: Mxfp4MoEMethod.__init__
     # (layers/quantization/mxfp4.py) raises "flashinfer_mxfp4 requires SM90 or SM100" elsewhere, and
-    # utils/common.py:is_sm100_supported is capability major 10 only.
+    # utils/common.py:is_sm100_supported is capability major 10 only. verified_on: sglang==0.5.14
     skip("sglang-w4a8-mxfp4-sm100-only", backend="sglang", op="moe", dtype="w4a8_mxfp4_mxfp8", sm="120"),
     # TensorRT-LLM's weight-only MXFP4 MoE (WFP4A16) exists on SM90 (CUTLASS) and SM100-119 (TRTLLM-Gen):
     # tensorrt_llm/_torch/modules/fused_moe/quantization.py:WFP4A16FusedMoEMethod.create_weights raises
     # "WFP4A16 MoE is unsupported on SM<n>" for anything but SM90 on the CUTLASS backend, and model_config.py
     # picks TRTLLM-Gen only for 100 <= sm < 120 (cited at 1.3.0rc20 by the aiconfigurator collector,
-    # cases/base_ops/moe.yaml moe_trtllm w4a16_mxfp4).
+    # cases/base_ops/moe.yaml moe_trtllm w4a16_mxfp4). verified_on: trtllm==1.3.0rc23
     skip(
         "trtllm-w4a16-mxfp4-sm90-to-sm119",
         backend="trtllm",
@@ -125,22 +128,23 @@ SKIPS: list[Skip] = [
     # W4A8_AWQ's quant mode) to WInt4AFP8FusedMoEMethod, which quantizes activations to fp8 and raises
     # NotImplementedError outside SM89/90, per-channel W4A16 has no MoE method, and TRTLLM-Gen takes no int4
     # (tensorrt_llm/_torch/modules/fused_moe/create_moe.py get_moe_cls, fused_moe/quantization.py); the reference
-    # holds no trtllm int4_wo MoE row. verified_on: trtllm==1.3.0rc20
+    # holds no trtllm int4_wo MoE row. verified_on: trtllm==1.3.0rc23
     skip("trtllm-no-int4-weight-only-moe", backend="trtllm", op="moe", dtype="int4_wo"),
     # vLLM 0.24.0 has no fp8-query attention input: the layer takes the model's bf16 query and quantizes it itself
     # when the KV cache is fp8 (model_executor/layers/attention/attention.py:Attention.__init__ sets query_quant,
     # Attention.forward applies it), so bf16/fp8 is already the fp8 kernel and an fp8/fp8 case would time it
-    # again under another label.
+    # again under another label. verified_on: vllm==0.24.0
     skip("vllm-no-fp8-query-input", backend="vllm", op=ATTENTION, attn_dtype="fp8"),
     # Head dims above 256 run on FlashAttention 4 on SM90 (v1/attention/backends/fa_utils.py:get_flash_attn_version
     # upgrades FA3 -> FA4 for head_size > 256), whose forward asserts "FP8 is only supported on SM100" for an fp8
     # KV cache (vllm_flash_attn/cute/interface.py:_flash_attn_fwd); the grids' only such head_dim is 512.
+    # verified_on: vllm==0.24.0
     skip("vllm-fa4-no-fp8-kv-on-sm90", backend="vllm", op=ATTENTION, sm="90", head_dim=512, kv_cache_dtype="fp8"),
     # TensorRT-LLM's FlashInferAttention (its path for Gemma-4's heads on SM100/103: head_dim 512, and head_dim 256
     # with a 1024-token window, plans/attention.py _trtllm_case) has no fp8 FMHA compute: with an fp8 KV cache the
     # query is cast and the output stays bf16 (attention_backend/flashinfer.py, cited at 1.3.0rc20 by the
     # aiconfigurator collector, collector/trtllm/collect_attn.py:126-136); its B200 rc20 table holds bf16 compute
-    # only under torch_flow_flashinfer. verified_on: trtllm==1.3.0rc20
+    # only under torch_flow_flashinfer. verified_on: trtllm==1.3.0rc23
     skip(
         "trtllm-flashinfer-no-fp8-attention",
         backend="trtllm",
@@ -151,7 +155,7 @@ SKIPS: list[Skip] = [
     ),
     # The same FlashInferAttention path for Gemma-4's sliding-window layers (head_dim 256, window 1024): bf16 compute
     # only (collector/trtllm/collect_attn.py:126-136), as trtllm-flashinfer-no-fp8-attention.
-    # verified_on: trtllm==1.3.0rc20
+    # verified_on: trtllm==1.3.0rc23
     skip(
         "trtllm-flashinfer-no-fp8-attention-windowed",
         backend="trtllm",
@@ -163,7 +167,7 @@ SKIPS: list[Skip] = [
     ),
     # TensorRT-LLM's TRTLLM attention backend aborts the process for head_dim > 256 ("Head size N is not supported by
     # MMHA", a std::terminate, collect_attn.py:216-222), and Gemma-4's head_dim 512 has no other kernel off
-    # SM100/103 (collect_attn.py:108-125): the block would kill its worker. verified_on: trtllm==1.3.0rc20
+    # SM100/103 (collect_attn.py:108-125): the block would kill its worker. verified_on: trtllm==1.3.0rc23
     skip(
         "trtllm-attention-head-dim-over-256",
         backend="trtllm",
@@ -173,14 +177,14 @@ SKIPS: list[Skip] = [
     ),
     # TensorRT-LLM's trtllm-gen FMHA (its attention kernels on SM100/103) aborts on head_dim 192 ("Unsupported HeadDim
     # for BMM2-N 192", collect_attn.py:216-222); the B200 rc20 reference holds no head_dim 192 row, the H200 one
-    # does. verified_on: trtllm==1.3.0rc20
+    # does. verified_on: trtllm==1.3.0rc23
     skip("trtllm-gen-no-head-dim-192", backend="trtllm", op=ATTENTION, head_dim=192, sm=["100", "103"]),
     # SGLang 0.5.14's FA3 casts the query to the KV dtype whenever the KV cache is fp8 and head_dim <= 256
     # (layers/attention/flashattention_backend.py:FlashAttentionBackend.forward_extend), so a bf16-query prefill
     # on an fp8 cache does not exist there: it is the fp8/fp8 case. Gemma-4 (head_dim 512, and its head_dim 256
     # layers with a 1024-token window) is served on triton below SM100 (server_args.py:
     # ServerArgs._handle_model_specific_adjustments), which reads a bf16 query against the fp8 cache, so those
-    # keep bf16/fp8.
+    # keep bf16/fp8. verified_on: sglang==0.5.14
     skip(
         "sglang-fa3-casts-query-to-fp8",
         backend="sglang",
@@ -193,7 +197,7 @@ SKIPS: list[Skip] = [
     ),
     # SGLang 0.5.14's trtllm_mha (SM100/103) quantizes a bf16 query to fp8 for prefill when the KV cache is fp8
     # (layers/attention/trtllm_mha_backend.py:TRTLLMHAAttnBackend.forward_extend calls _maybe_quantize_q with
-    # force_fp8), so bf16/fp8 prefill is the fp8/fp8 kernel under another label.
+    # force_fp8), so bf16/fp8 prefill is the fp8/fp8 kernel under another label. verified_on: sglang==0.5.14
     skip(
         "sglang-trtllm-mha-quantizes-query",
         backend="sglang",
@@ -205,6 +209,7 @@ SKIPS: list[Skip] = [
     # SGLang 0.5.14's flashinfer prefill (its backend below SM90 and on SM120) passes the model-dtype query
     # straight to the kernel with the fp8 cache's scales (layers/attention/flashinfer_backend.py:
     # FlashInferAttnBackend.forward_extend): there is no fp8-query prefill to time, only bf16/fp8.
+    # verified_on: sglang==0.5.14
     skip(
         "sglang-flashinfer-no-fp8-prefill",
         backend="sglang",
@@ -213,13 +218,14 @@ SKIPS: list[Skip] = [
         attn_dtype="fp8",
     ),
     # scaled_dot_product_attention takes no fp8 inputs; converting an fp8 KV cache first would time the
-    # conversion too (mismeasured).
+    # conversion too (mismeasured). verified_on: torch==2.13.0
     skip("torch-sdpa-no-fp8-kv", backend="torch", op=[*ATTENTION, *MLA], kv_cache_dtype="fp8"),
     # gpt-oss attention has learned sinks on every layer; SDPA has none, so its head shapes timed
-    # without them would be mismeasured. Shapes the base grid also has still run.
+    # without them would be mismeasured. Shapes the base grid also has still run. verified_on: torch==2.13.0
     skip("torch-sdpa-no-sinks", backend="torch", op=ATTENTION, model="GptOssForCausalLM"),
     # Plain PyTorch has no all-reduce of its own: its only all-reduce is torch.distributed's NCCL (gloo on the
     # CPU), which the comm op already times into nccl_perf; custom_allreduce_perf is a framework's own kernel.
+    # verified_on: torch==2.13.0
     skip("torch-no-custom-allreduce", backend="torch", op="custom_allreduce"),
     # A framework's custom_allreduce table holds its own variants only (vLLM: vllm_graph, vllm_eager; SGLang:
     # sglang_graph, sglang_eager; TRT-LLM: trtllm); plans/comm.py dispatches another framework's variant to
@@ -227,15 +233,15 @@ SKIPS: list[Skip] = [
     skip("custom-allreduce-own-variants-only", op="custom_allreduce", dispatch="not-this-framework"),
     # vLLM's MLA is timed as its whole module (DeepseekV2MLAAttention: projections, norms, rope and the MLA
     # backend), into the module tables, as the reference collector records vLLM (mla/vllm/0.24.0 holds only
-    # mla_*_module_perf); the kernel-only MLA tables are the other frameworks'.
+    # mla_*_module_perf); the kernel-only MLA tables are the other frameworks'. verified_on: vllm==0.24.0
     skip("vllm-mla-as-a-module", backend="vllm", op=["mla_context", "mla_generation"]),
     # TensorRT-LLM's MLA has no compute-dtype switch besides its KV cache (attention_backend/trtllm.py: the MLA
     # context and generation paths take the model's bf16 query), so an fp8 mla_dtype row would time the bf16
     # kernel on an fp8 cache under another label; the reference records mla_dtype bfloat16 only (aiconfigurator
-    # collector/trtllm/collect_mla.py:654, collect_mla_module.py:158-159). verified_on: trtllm==1.3.0rc20
+    # collector/trtllm/collect_mla.py:654, collect_mla_module.py:158-159). verified_on: trtllm==1.3.0rc23
     skip("trtllm-mla-bf16-compute", backend="trtllm", op=MLA, mla_dtype="fp8"),
     # Plain PyTorch has no MLA module, and SGLang's reference holds the kernel tables only; TensorRT-LLM's
-    # reference has both, and so do its plans.
+    # reference has both, and so do its plans. verified_on: sglang==0.5.14 torch==2.13.0
     skip("mla-module-not-timed", backend=["torch", "sglang"], op=["mla_context_module", "mla_generation_module"]),
     # The module's projections in block fp8 need the fp8 tensor cores of SM89 and newer, as fp8-block-needs-sm89.
     skip(

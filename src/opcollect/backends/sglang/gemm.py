@@ -198,7 +198,8 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     args = {"quantization": layout.quantization}
     # the fp8 activation quant runs as its own kernel (sglang_per_token_quant_fp8 / per-token-group quant), as in
     # eager serving; under the piecewise inductor graph SGLang may fuse a static quant into the preceding op
-    # (fp8_utils.py:1575-1590), so against such serving the fp8 rows here err high by one small kernel
+    # (fp8_utils.py:1575-1590), so against such serving the fp8 rows here err high by one small kernel.
+    # verified_on: sglang==0.5.14
     with sglang_context(device, **args), torch.device(device):
         qc = quant_config(layout)
         layers = []

@@ -8,7 +8,7 @@ context.quant_config's, as the reference collector builds it, collector/trtllm/c
   m <= 8 on SM89/SM120 only, :636-658, :2655-2661). The checkpoint carries no input_scale, so the activation scale
   is computed per call (process_weights_after_loading_vanilla, :719-724; quantize_e4m3_per_tensor, :623-627), as
   the reference loads it (collect_gemm.py:198-201); a served checkpoint with a static input_scale skips that amax
-  reduction, so fp8 rows err high by it.
+  reduction, so fp8 rows err high by it. verified_on: trtllm==1.3.0rc23
 - fp8_block: FP8_BLOCK_SCALES, 128 x 128 -> FP8BlockScalesLinearMethod: DeepGEMM fp8_swap_ab_gemm when
   is_sm_100f() and neither CuTe DSL nor disable_deep_gemm, fp8_quantize_1x128 + fp8_block_scaling_gemm elsewhere
   (:1084-1124); post_load_weights resmooths weight and scales to UE8M0 for DeepGEMM (:1233-1252).
@@ -19,11 +19,12 @@ context.quant_config's, as the reference collector builds it, collector/trtllm/c
   finegrained_mixed_dtype_gemm (:2087-2131). Its vanilla load path reads pre_quant_scale unconditionally
   (:2163-2187), so these rows time the o_proj / down_proj layers that keep it; fused QKV / gate-up layers have it
   folded into the norm and skip one elementwise multiply (they err low by nothing, these err high by it there).
+  verified_on: trtllm==1.3.0rc23
 Every linear is finished as serving's model loader finishes it: load_weights, whose vanilla path runs
 process_weights_after_loading (:352-373), then post_load_weights on every module (pyexecutor/model_loader.py
 @004b733e, ModelLoader.load). The reference collector runs no autotuner for its GEMMs, nor does this runner:
 TensorRT-LLM's tunable ops (nvfp4_gemm, finegrained_mixed_dtype_gemm) take their default tactic, where serving's
-warm-up would tune them.
+warm-up would tune them. verified_on: trtllm==1.3.0rc23
 The pure builders (gemm_layout, footprint, check_shape, kernel_label) need no torch; torch and tensorrt_llm are
 imported inside prepare.
 """

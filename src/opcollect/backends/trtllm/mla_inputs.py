@@ -246,7 +246,7 @@ def kv_cache(layout: KvLayout, kv_cache_dtype: str):
     Serving picks the manager class with pyexecutor/_util.py get_kv_cache_manager_cls (the module collector asks it,
     collect_mla_module.py:668-675); this is the KVCacheManager the kernel collector builds (collect_mla.py:377), whose
     block-offset tables the attention op reads the same way. Like AIC, the pool is left as allocated: its values do
-    not change the kernels' work."""
+    not change the kernels' work. verified_on: trtllm==1.3.0rc23"""
     from tensorrt_llm._torch.pyexecutor.resource_manager import CacheTypeCpp, DataType, KvCacheConfig, KVCacheManager
 
     from opcollect.backends.trtllm.context import one_rank_mapping

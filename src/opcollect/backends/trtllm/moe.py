@@ -17,12 +17,13 @@ logits that pick the experts the case's distribution draws (opcollect.backends.t
 profiles the tactics in one forward under autotune() before timing (AIC :667-693; skipped for w4a16_mxfp4 as AIC
 skips it, :637, so those rows run the default tactics). max_num_tokens is the case's batch, so the tactics are
 tuned for it; serving tunes power-of-2 buckets up to its max_num_tokens and runs a batch on its bucket's tactic,
-and AIC tunes once with its largest batch (:359, :667-693).
+and AIC tunes once with its largest batch (:359, :667-693). verified_on: trtllm==1.3.0rc23
 
 Where this differs from AIC, in serving's direction: create_moe gets dtype bfloat16 (AIC passes fp8 for fp8 and
 fp8_block, :304-312; serving passes the checkpoint's torch_dtype) and the backend in upper case as serving's
 MoeConfig spells it. Where both differ from serving: gpt-oss's experts are built without their biases (serving:
 bias=True, models/modeling_gpt_oss.py MLPBlock), so its rows are low by the bias epilogue.
+verified_on: trtllm==1.3.0rc23
 """
 
 from __future__ import annotations

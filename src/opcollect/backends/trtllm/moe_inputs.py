@@ -116,7 +116,8 @@ def choose_backend(case, sm: int) -> str:
     90 <= SM < 100, else CUTLASS; DeepSeek-V4 -> TRTLLM on SM100-119; everything else CUTLASS) except for block
     fp8 on the SM100 family, where serving resolves TRTLLM and AIC (and so the plan's label deepgemm) runs
     DeepGEMM. MXFP4 of other models runs TRTLLMGen on SM100-119, as serving's DeepSeek-V4 branch does (AIC :459-465).
-    Upper case as the serving config spells it (llmapi MoeConfig.backend); AIC writes it lower case."""
+    Upper case as the serving config spells it (llmapi MoeConfig.backend); AIC writes it lower case.
+    verified_on: trtllm==1.3.0rc23"""
     if is_gpt_oss(case):  # AIC keys this on the model name, whatever the format
         if 100 <= sm < 120:
             return "TRTLLM"

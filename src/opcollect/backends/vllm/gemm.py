@@ -279,6 +279,7 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     # (config/vllm.py:1114-1131). The per-tensor QuantFP8 runs as torch.compile'd native code here (custom_ops
     # "none" under O2, config/vllm.py:1135-1155); in a served model inductor may fuse that quant into the
     # preceding op, so here the fp8 rows include a standalone activation-quant kernel: they err high.
+    # verified_on: vllm==0.24.0
     with vllm_context(device, quant_config=qc) as config, _served(config), torch.device(device):
         layers = []
         for i in range(copies):

@@ -1,0 +1,126 @@
+"""`opcollect bump` on a git copy of the repository: only the backend's pins entry changes, comments intact; the
+report holds the pins diff, the plan diff and the re-check list with file and line; `git status` shows pins.yaml
+and the report, nothing else; the version contract fails until the markers move; bad requests exit 2."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from conftest import ROOT, run_cli
+
+from opcollect.backends.markers import behind, find_markers
+
+DIGEST = "sha256:" + "a" * 64
+RC24 = f"nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24@{DIGEST}"
+
+
+def _git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A committed copy of the checkout's inputs and package source."""
+    root = tmp_path / "repo"
+    for name in ("cases", "systems", "images", "src"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pins.yaml", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, root / name)
+    _git(root.parent, "init", "-q", str(root))
+    _git(root, "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "copy")
+    return root
+
+
+def _comments(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.lstrip().startswith("#")]
+
+
+def test_a_bump_changes_one_entry_and_writes_its_report(repo):
+    before = (repo / "pins.yaml").read_text()
+    done = run_cli("bump", "trtllm", "--version", "1.3.0rc24", "--image", RC24, "--keep-old", "--root", str(repo))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(_git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()) == [
+        " M pins.yaml",
+        "?? docs/bumps/trtllm-1.3.0rc24.md",
+    ]
+    after = (repo / "pins.yaml").read_text()
+    assert _comments(after) == _comments(before) and _comments(before)
+    old, new = yaml.safe_load(before), yaml.safe_load(after)
+    assert {k: v for k, v in new["backends"].items() if k != "trtllm"} == {
+        k: v for k, v in old["backends"].items() if k != "trtllm"
+    }
+    trtllm = new["backends"]["trtllm"]
+    assert trtllm["current"] == "1.3.0rc24" and list(trtllm["versions"]) == ["1.3.0rc24", "1.3.0rc23", "1.3.0rc20"]
+    changed = [line for line in _git(repo, "diff", "-U0", "pins.yaml").splitlines() if line[:1] in "+-"]
+    assert all("1.3.0rc2" in line or line.startswith(("+++", "---")) for line in changed), changed
+
+    report = (repo / "docs/bumps/trtllm-1.3.0rc24.md").read_text()
+    assert report.strip() in done.stdout
+    assert "```diff" in report and "+    current: 1.3.0rc24" in report and "-    current: 1.3.0rc23" in report
+    # no trtllm runner serves rc24 yet: the ops leave the plan at every SM (NCCL, as torch times it, stays)
+    rows = re.findall(r"^\| (\d+) \| (\w+) \| (\S+) \| (\d+) \| (\d+) \|$", report, re.M)
+    assert ("90", "gemm", "torch_flow") in {r[:3] for r in rows}
+    assert all(int(r[3]) > 0 and r[4] == "0" for r in rows) and not any(r[1] == "comm" for r in rows)
+    assert "has no wheel to fetch" in report and "opcollect contract trtllm --image" in report
+    # every trtllm marker is listed with its file and line, and each line holds that marker
+    listed = re.findall(r"^- `([^`:]+):(\d+)` \(trtllm==1\.3\.0rc23\)", report, re.M)
+    assert len(listed) == len(find_markers(repo, "trtllm")) > 10
+    for path, line in listed:
+        assert "trtllm==1.3.0rc23" in (repo / path).read_text().splitlines()[int(line) - 1]
+    assert "skip entry trtllm-mla-bf16-compute" in report
+
+
+def test_the_version_contract_fails_until_the_markers_move(repo):
+    done = run_cli("bump", "vllm", "--version", "0.25.0", "--image", f"vllm/vllm-openai:v0.25.0@{DIGEST}",
+                   "--root", str(repo))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pins = yaml.safe_load((repo / "pins.yaml").read_text())["backends"]
+    assert list(pins["vllm"]["versions"]) == ["0.25.0"]  # without --keep-old the old entry goes
+    current = {name: entry["current"] for name, entry in pins.items()}
+    late = behind(find_markers(repo), current)
+    assert late and {m.backend for m in late} == {"vllm"}
+    for path in {m.path for m in late}:
+        file = repo / path
+        file.write_text(file.read_text().replace("vllm==0.24.0", "vllm==0.25.0"))
+    assert behind(find_markers(repo), current) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--version", "1.3.0rc24", "--image", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24"), "no digest"),
+        (("--version", "1.3.0rc24", "--image", f"nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc25@{DIGEST}"),
+         "tag '1.3.0rc25' is not version 1.3.0rc24"),
+        (("--version", "1.3.0rc20", "--image", f"nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc20@{DIGEST}"),
+         "older than the current pin 1.3.0rc23 of trtllm; pass --allow-downgrade"),
+        (("--version", "latest", "--image", RC24), "--version 'latest': not a version"),
+    ],
+)  # fmt: skip
+def test_bad_bumps_exit_2_with_one_line_and_change_nothing(repo, args, message):
+    done = run_cli("bump", "trtllm", *args, "--root", str(repo))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_a_downgrade_is_pinned_when_allowed(repo):
+    image = f"nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc20@{DIGEST}"
+    done = run_cli("bump", "trtllm", "--version", "1.3.0rc20", "--image", image, "--allow-downgrade",
+                   "--keep-old", "--root", str(repo))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trtllm = yaml.safe_load((repo / "pins.yaml").read_text())["backends"]["trtllm"]
+    assert trtllm["current"] == "1.3.0rc20" and trtllm["versions"]["1.3.0rc20"]["image"] == image
+
+
+def test_resolve_says_clearly_when_no_registry_answers(repo, docker_client):
+    tag = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24"
+    done = run_cli(
+        "bump", "trtllm", "--version", "1.3.0rc24", "--image", tag, "--resolve", "--root", str(repo), timeout=120
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--resolve: no registry answers for nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24" in done.stderr
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all") == ""

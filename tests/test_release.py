@@ -1,0 +1,123 @@
+"""`opcollect release`: the tables of a smoke collection as a data wheel, installed into a fresh venv where every
+hash is verified and the data API answers; built twice, byte-identical; a tampered table refused before any
+packaging."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def smoke_tables(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("release")
+    done = run_cli(
+        "collect", "torch", "--local", "--device", "cpu", "--smoke", "--ops", "gemm,comm",
+        "--out", str(base / "run"), "--tables", str(base / "tables"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return base / "tables"
+
+
+def test_release_builds_reproducibly_and_verifies_installed(smoke_tables, tmp_path):
+    first = run_cli("release", "--tables", str(smoke_tables), "--out", str(tmp_path / "a"), "--version", "1.0.0")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "installed into a fresh venv: " in first.stdout and "files checked against MANIFEST.json: verified" in (
+        first.stdout
+    )
+    again = run_cli("release", "--tables", str(smoke_tables), "--out", str(tmp_path / "b"), "--version", "1.0.0")
+    assert again.returncode == 0
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == [
+        "opcollect_tables-1.0.0-py3-none-any.whl",
+        "opcollect_tables-1.0.0-py3-none-any.whl.intoto.json",
+        "opcollect_tables-1.0.0.tar.gz",
+    ]
+    for name in names:  # byte-identical builds
+        assert _sha(tmp_path / "a" / name) == _sha(tmp_path / "b" / name), name
+
+    wheel = tmp_path / "a" / names[0]
+    with zipfile.ZipFile(wheel) as archive:
+        listed = archive.namelist()
+        assert listed == sorted(listed)
+        assert {i.date_time for i in archive.infolist()} == {archive.infolist()[0].date_time}
+        assert "opcollect_tables/data/manifest.json" in listed and "opcollect_tables/THIRD_PARTY_NOTICES" in listed
+        assert any(n.endswith("/.opcollect/provenance.yaml") for n in listed)
+    with tarfile.open(tmp_path / "a" / names[2]) as sdist:
+        assert {m.mtime for m in sdist.getmembers()} == {sdist.getmembers()[0].mtime}
+        assert all(m.uid == 0 and m.uname == "" for m in sdist.getmembers())
+
+    statement = json.loads((tmp_path / "a" / names[1]).read_text())
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    assert subjects[names[0]] == _sha(wheel)
+    table_files = [p for p in smoke_tables.rglob("*") if p.is_file()]
+    for path in table_files:
+        assert subjects[f"tables/{path.relative_to(smoke_tables).as_posix()}"] == _sha(path)
+    internal = statement["predicate"]["buildDefinition"]["internalParameters"]
+    assert internal["collector_hashes"] and internal["plan_hashes"] and internal["case_plan_hashes"]
+    assert internal["pins"]["trtllm"]["versions"]["1.3.0rc20"].startswith("nvcr.io/nvidia/tensorrt-llm/release:")
+
+
+def test_the_installed_package_serves_tables_and_sidecars(smoke_tables, tmp_path):
+    done = run_cli("release", "--tables", str(smoke_tables), "--out", str(tmp_path), "--version", "2.0.0")
+    assert done.returncode == 0, done.stderr
+    site = tmp_path / "site"
+    with zipfile.ZipFile(next(tmp_path.glob("*.whl"))) as archive:
+        archive.extractall(site)
+    script = (
+        "import json, opcollect_tables as t\n"
+        "tables = t.available()\n"
+        "system, backend, version, table = next(x for x in tables if x[3] == 'gemm_perf')\n"
+        "print(json.dumps({'tables': tables, 'path': str(t.table_path(system, backend, version, table)),\n"
+        "  'meta': t.sidecar(system, backend, version, table), 'verify': t.verify()}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n{script}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answer = json.loads(out.stdout)
+    assert ["cpu", "torch", answer["meta"]["runtime"]["version"], "gemm_perf"] in answer["tables"]
+    assert Path(answer["path"]).is_file() and Path(answer["path"]).name == "gemm_perf.parquet"
+    assert answer["meta"]["tables"]["gemm_perf"]["rows"] > 0
+    checked, bad = answer["verify"]
+    assert checked > 10 and bad == []
+
+
+def test_a_tampered_table_is_refused_before_packaging(smoke_tables, tmp_path):
+    copy = tmp_path / "tables"
+    subprocess.run(["cp", "-a", str(smoke_tables), str(copy)], check=True)
+    perf = next(copy.rglob("gemm_perf.parquet"))
+    perf.write_bytes(perf.read_bytes()[:-8] + b"tampered")
+    done = run_cli("release", "--tables", str(copy), "--out", str(tmp_path / "dist"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "fails verify (modified: " in done.stderr and "gemm_perf.parquet" in done.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_source_date_epoch_sets_the_timestamps_and_a_bad_one_is_refused(smoke_tables, tmp_path):
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000"}
+    cmd = [sys.executable, "-m", "opcollect", "release", "--tables", str(smoke_tables), "--version", "3.0.0"]
+    done = subprocess.run([*cmd, "--out", str(tmp_path / "a")], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(next((tmp_path / "a").glob("*.tar.gz"))) as sdist:
+        assert {m.mtime for m in sdist.getmembers()} == {1700000000}
+    env["SOURCE_DATE_EPOCH"] = "yesterday"
+    bad = subprocess.run([*cmd, "--out", str(tmp_path / "b")], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert bad.returncode == 2 and "SOURCE_DATE_EPOCH='yesterday'" in bad.stderr
