@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite: the venv, a Docker engine (installed from Debian's packages and
-# started when none answers), the registry-free local base image, then `nox -s tests`.
+# started when none answers), the registry-free local base image, a one-node Slurm cluster, then `nox -s tests`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,7 +16,8 @@ if ! docker info >/dev/null 2>&1; then
 fi
 command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 .venv/bin/nox -s base-image
+bash scripts/slurm_up.sh  # a one-node Slurm cluster (slurm-wlm, munge) for tests/test_slurm.py
 .venv/bin/nox -s lint
 .venv/bin/nox -s contract-vllm  # the vLLM runners' symbols against the pinned wheel (downloaded once)
 .venv/bin/nox -s contract-sglang  # SGLang's, against its wheel and sglang-kernel's
-.venv/bin/nox -s tests -- -q --require-docker "$@"
+.venv/bin/nox -s tests -- -q --require-docker --require-slurm "$@"

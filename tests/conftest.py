@@ -22,6 +22,11 @@ def pytest_addoption(parser):
         action="store_true",
         help="fail, instead of skipping, the tests that need a Docker engine when none answers",
     )
+    parser.addoption(
+        "--require-slurm",
+        action="store_true",
+        help="fail, instead of skipping, the tests that need a Slurm cluster when none answers",
+    )
 
 
 @pytest.fixture(scope="session")

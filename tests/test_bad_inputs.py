@@ -634,6 +634,36 @@ ROWS = [
         "contract trtllm: checked nothing: give the pinned release with --wheel PATH, --source DIR or --image",
     ),
     Row(
+        "slurm-zero-shards",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--shards", "0", "--out", "{tmp}/out"),
+        "--shards 0: give 1 to 1000 array tasks",
+    ),
+    Row(
+        "slurm-partition-injection",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--partition", "gpu;rm -rf /", "--out", "{tmp}/out"),
+        "--partition 'gpu;rm -rf /': not a Slurm name (letters, digits, _ . -)",
+    ),
+    Row(
+        "slurm-bad-time",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--time", "soon", "--out", "{tmp}/out"),
+        "--time 'soon': not a Slurm time limit; give e.g. 90, 4:00:00 or 1-00:00:00",
+    ),
+    Row(
+        "status-of-a-local-run",
+        ("status", "{tmp}"),
+        "{tmp}: no slurm.json; give the run directory of `opcollect collect ... --slurm`",
+    ),
+    Row(
+        "resume-without-slurm",
+        ("collect", "torch", "--local", "--device", "cpu", "--resume", "{tmp}"),
+        "--resume RUN_DIR resubmits a Slurm collection: add --slurm",
+    ),
+    Row(
+        "release-of-no-tables",
+        ("release", "--tables", "{tmp}/none", "--out", "{tmp}/dist"),
+        "{tmp}/none: no manifest.json; give the TABLES directory of `opcollect merge`",
+    ),
+    Row(
         "disk-full-plan",
         (*PLAN, "-o", "{tmp}/full/p.json"),
         "-o {tmp}/full/p.json: no space left on the device",

@@ -184,12 +184,25 @@ def _add_collect(sub) -> None:
     p.add_argument("--version", help="one of the backend's pinned versions (default: its current pin)")
     p.add_argument("--smoke", action="store_true", help="at most 4 cases per op")
     p.add_argument("--ops", help="comma-separated ops (default: every op)")
+    p.add_argument("--case-filter", metavar="PREFIX", help="keep cases whose ID starts with PREFIX")
     p.add_argument("--model-config", action="append", type=Path, default=[], metavar="CONFIG_JSON")
     p.add_argument(
         "--out", type=Path, metavar="RUN_DIR", help="default: runs/<backend>-sm<sm>-<plan hash>-<collector hash>"
     )
     p.add_argument("--tables", type=Path, metavar="DIR", help="merge into this TABLES directory (default: tables/)")
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    slurm = p.add_argument_group("Slurm", "submit the collection as an array job of plan shards and a merge job")
+    slurm.add_argument("--slurm", action="store_true", help="submit to Slurm instead of running here")
+    slurm.add_argument("--shards", type=int, default=1, help="array tasks, one shard of the plan each")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--account")
+    slurm.add_argument("--time", help="each task's time limit, as sbatch takes it (e.g. 4:00:00)")
+    slurm.add_argument("--gpus-per-task", type=int, help="default: 1 on a GPU SM, 0 for --sm cpu")
+    slurm.add_argument(
+        "--container-runtime", choices=("docker", "pyxis", "apptainer", "none"), default="none",
+        help="how a task runs the backend's image (none: this Python, on a shared filesystem)",
+    )  # fmt: skip
+    slurm.add_argument("--resume", type=Path, metavar="RUN_DIR", help="resubmit the shards of RUN_DIR not done")
     _add_timing(p)
     p.set_defaults(func=cmd_collect)
 
@@ -206,7 +219,7 @@ def cmd_collect(args) -> int:
         backend=args.backend,
         sm=args.sm,
         device=args.device,
-        plan_options=PlanOptions(ops=ops, smoke=args.smoke),
+        plan_options=PlanOptions(ops=ops, smoke=args.smoke, case_filter=args.case_filter),
         run_options=_run_options(args, expect_version=args.version),
         out=args.out,
         model_configs=tuple(args.model_config),
@@ -215,6 +228,12 @@ def cmd_collect(args) -> int:
     tree = find_project(args.root)
     if args.version is not None:  # a version must be pinned, also for a local run, which refuses another one
         _check_pins(tree, args.pins, args.backend, args.version)
+    if args.slurm:
+        return _collect_slurm(args, tree, request)
+    if args.resume is not None:
+        raise InputError(
+            "--resume RUN_DIR resubmits a Slurm collection: add --slurm (a local collect resumes by itself)"
+        )
     if args.local:
         summary = collect_local(tree, request)
         print(describe(summary))
@@ -234,6 +253,35 @@ def cmd_collect(args) -> int:
         print(describe_run_dir(prepared.run_dir, prepared.planned))
         run_dir = prepared.run_dir
     return finish(tree, run_dir, args.tables or tree.root / "tables")
+
+
+def _collect_slurm(args, tree, request) -> int:
+    from opcollect.cluster.submit import SlurmRequest, collect_on_slurm, describe
+
+    def image_tag() -> str:
+        from opcollect.images.build import build_image
+
+        return build_image(tree, args.backend, args.pins, args.base_image, version=args.version).plan.tag
+
+    slurm = SlurmRequest(
+        args.shards, args.partition, args.account, args.time, args.gpus_per_task, args.container_runtime, args.resume
+    )
+    done = collect_on_slurm(tree, request, slurm, args.tables, image_tag)
+    print(describe(done) if done else f"{args.resume}: every shard is done; nothing to resubmit")
+    return 0
+
+
+def _add_status(sub) -> None:
+    p = sub.add_parser("status", help="per shard of a Slurm collection: done, running, pending or failed")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args) -> int:
+    from opcollect.cluster.status import describe, shard_states
+
+    print(describe(args.run_dir, shard_states(args.run_dir)))
+    return 0
 
 
 def _add_build(sub) -> None:
@@ -305,6 +353,13 @@ def _add_merge(sub) -> None:
     p.add_argument(
         "--no-wait", action="store_true", help="refuse, instead of waiting, while another merge holds TABLES"
     )
+    p.add_argument(
+        "--plan",
+        type=Path,
+        action="append",
+        default=[],
+        help="a plan file whose cases count as planned (the whole plan of sharded runs): missing ones leave partial",
+    )
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
     p.set_defaults(func=cmd_merge)
 
@@ -313,7 +368,8 @@ def cmd_merge(args) -> int:
     from opcollect.project import find_project
     from opcollect.tables.merge import merge
 
-    for table in merge(args.run_dirs, args.into, find_project(args.root), wait=not args.no_wait):
+    written = merge(args.run_dirs, args.into, find_project(args.root), wait=not args.no_wait, plans=tuple(args.plan))
+    for table in written:
         print(f"{args.into / table.path}: {table.rows} rows, {table.failures} failures, {table.status}")
     return 0
 
@@ -394,24 +450,6 @@ def _add_contract(sub) -> None:
     p.set_defaults(func=cmd_contract)
 
 
-def _image_release(args, dest: Path) -> tuple[Path, str]:
-    """(directory, image) of the backend's packages copied out of the image ``--image`` names."""
-    from opcollect.backends.symbols import FRAMEWORK_PACKAGES
-    from opcollect.images.engine import connect
-    from opcollect.images.pins import load_pins
-    from opcollect.images.sources import check_image_ref, copy_package_sources
-    from opcollect.project import find_project
-
-    ref = args.image
-    if not ref:
-        _, pin = load_pins(args.pins or find_project(None).pins).pin(args.backend, args.version)
-        ref = pin.image
-    check_image_ref(ref)
-    packages = FRAMEWORK_PACKAGES.get(args.backend, ())
-    copy_package_sources(connect(), ref, packages, dest)
-    return dest, ref
-
-
 def cmd_contract(args) -> int:
     import tempfile
 
@@ -421,7 +459,9 @@ def cmd_contract(args) -> int:
     shown = [str(r) for r in releases]
     with tempfile.TemporaryDirectory(prefix="opcollect-contract-") as tmp:
         if args.image is not None:
-            directory, ref = _image_release(args, Path(tmp))
+            from opcollect.images.sources import image_release
+
+            directory, ref = image_release(args.backend, args.image, args.version, args.pins, Path(tmp))
             releases.append(directory)
             shown.append(f"image {ref}")
         checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parent / "backends")
@@ -445,19 +485,13 @@ def _add_bump(sub) -> None:
 
 
 def cmd_bump(args) -> int:
-    from opcollect.files import write_atomic
-    from opcollect.images.bump import BumpRequest, bump
-    from opcollect.images.bump_report import report, report_path
+    from opcollect.images.bump import BumpRequest
+    from opcollect.images.bump_report import apply_bump
     from opcollect.project import find_project
 
-    tree = find_project(args.root)
     request = BumpRequest(args.backend, args.version, args.image, args.keep_old, args.allow_downgrade, args.resolve)
-    bumped = bump(tree.pins, request)
-    text = report(tree, bumped)
-    path = report_path(tree, bumped)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text)
-    write_atomic(tree.pins, bumped.after)
+    tree = find_project(args.root)
+    text, path = apply_bump(tree, request)
     print(text)
     print(f"wrote {tree.pins} and {path}")
     return 0
@@ -485,18 +519,10 @@ def _source_date_epoch() -> int | None:
 
 
 def cmd_release(args) -> int:
-    from opcollect.images.pins import load_pins
     from opcollect.project import find_project
     from opcollect.release.cut import cut
 
-    tree = find_project(args.root)
-    pins = load_pins(tree.pins)
-    recorded = {
-        name: {"current": entry.current, "versions": {v: pin.image for v, pin in entry.versions.items()}}
-        for name, entry in pins.backends.items()
-    }
-    builder = f"opcollect@{tree.git('rev-parse', 'HEAD') or 'unknown'}"
-    done = cut(args.tables, args.out, args.version, _source_date_epoch(), recorded, builder)
+    done = cut(args.tables, args.out, args.version, _source_date_epoch(), find_project(args.root))
     print(f"{done.wheel}: {done.packaged} files, version {done.version}, epoch {done.epoch}")
     print(f"{done.sdist}\n{done.statement}")
     print(f"installed into a fresh venv: {done.installed.output.splitlines()[-1] if done.installed.output else ''}")
@@ -520,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     _add_compare(sub)
     _add_contract(sub)
+    _add_status(sub)
     _add_bump(sub)
     _add_release(sub)
     return parser

@@ -96,7 +96,8 @@ def collect_local(tree: ProjectTree, request: CollectRequest) -> RunSummary:
     return run_plan(prepared.plan_path, prepared.run_dir, options)
 
 
-def _run_flags(options: RunOptions) -> list[str]:
+def run_flags(options: RunOptions) -> list[str]:
+    """The timing options of `opcollect run` for a run elsewhere (a container, a Slurm task)."""
     flags = ["--case-timeout", str(options.case_timeout)]
     for flag, value in (
         ("--max-noise", options.max_noise),
@@ -120,7 +121,7 @@ def collect_in_container(
     with ctrl_c_noted():  # a Ctrl-C that Python drops on the way still stops the collection before its start
         prepared = prepare(tree, request)
         built = build_image(tree, request.backend, pins_path, base_image, say, version=request.version)
-        flags = _run_flags(request.run_options) + [
+        flags = run_flags(request.run_options) + [
             "--image",
             built.plan.base_image,
             "--image-digest",

@@ -15,7 +15,8 @@ from pathlib import Path
 from opcollect.backends import load_backend
 from opcollect.backends.markers import Marker, behind, find_markers
 from opcollect.errors import InputError
-from opcollect.images.bump import Bumped
+from opcollect.files import write_atomic
+from opcollect.images.bump import Bumped, BumpRequest, bump
 from opcollect.names import GPU_SMS
 from opcollect.plans.planner import Planner
 from opcollect.project import ProjectTree
@@ -129,3 +130,15 @@ def report(tree: ProjectTree, bumped: Bumped) -> str:
 
 def report_path(tree: ProjectTree, bumped: Bumped) -> Path:
     return tree.root / "docs" / "bumps" / f"{bumped.backend}-{bumped.new_version}.md"
+
+
+def apply_bump(tree: ProjectTree, request: BumpRequest) -> tuple[str, Path]:
+    """Bump, write the report and then pins.yaml (each atomically; nothing is written when the bump is refused or
+    its report fails); (report text, report path)."""
+    bumped = bump(tree.pins, request)
+    text = report(tree, bumped)
+    path = report_path(tree, bumped)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+    write_atomic(tree.pins, bumped.after)
+    return text, path

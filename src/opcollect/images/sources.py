@@ -96,3 +96,19 @@ def copy_package_sources(client, ref: str, packages: tuple[str, ...], dest: Path
     finally:
         holder.remove(force=True)
     return sorted(found)
+
+
+def image_release(backend: str, ref: str, version: str | None, pins_path: Path | None, dest: Path) -> tuple[Path, str]:
+    """(directory, image): the backend's packages copied out of ``ref``, or out of its pinned image (``version``,
+    else the current pin) when ``ref`` is empty."""
+    from opcollect.backends.symbols import FRAMEWORK_PACKAGES
+    from opcollect.images.engine import connect
+    from opcollect.images.pins import load_pins
+    from opcollect.project import find_project
+
+    if not ref:
+        _, pin = load_pins(pins_path or find_project(None).pins).pin(backend, version)
+        ref = pin.image
+    check_image_ref(ref)
+    copy_package_sources(connect(), ref, FRAMEWORK_PACKAGES.get(backend, ()), dest)
+    return dest, ref

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opcollect.errors import InputError
+from opcollect.images.pins import load_pins
+from opcollect.project import ProjectTree
 from opcollect.release.attest import statement, write_statement
 from opcollect.release.package import build, check_version, newest_collection, sidecars
 from opcollect.release.verify import Installed, verify_wheel
@@ -39,8 +41,19 @@ def refuse_unsound(tables: Path) -> None:
         )
 
 
-def cut(tables: Path, out: Path, version: str | None, epoch: int | None, pins: dict, builder: str) -> Released:
+def pins_record(tree: ProjectTree) -> dict:
+    """Every pin of the checkout, as the statement records it: backend -> current and version -> image."""
+    pins = load_pins(tree.pins)
+    return {
+        name: {"current": entry.current, "versions": {v: pin.image for v, pin in entry.versions.items()}}
+        for name, entry in pins.backends.items()
+    }
+
+
+def cut(tables: Path, out: Path, version: str | None, epoch: int | None, tree: ProjectTree) -> Released:
     tables, out = Path(tables), Path(out)
+    pins = pins_record(tree)
+    builder = f"opcollect@{tree.git('rev-parse', 'HEAD') or 'unknown'}"
     refuse_unsound(tables)
     epoch = newest_collection(sidecars(tables)) if epoch is None else epoch
     if version is None:

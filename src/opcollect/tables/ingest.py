@@ -145,6 +145,17 @@ def load_run(run_dir: Path) -> RunData:
     )
 
 
+def load_planned(plan_path: Path) -> RunData:
+    """A plan file as a run that recorded nothing: its cases count as planned in the tables a merge writes, so a
+    shard that never ran leaves them partial (`merge --plan`, the whole plan of a sharded collection)."""
+    plan_path = Path(plan_path)
+    plan = read_plan_json(plan_path)
+    verified = parse_plan(plan_path, plan, typed=False)
+    records = RECORD.empty_table().select([c for c in CASE_FIELDS if c != "kind"]).flatten()
+    return RunData(plan_path, verified.backend, verified.plan_hash, verified.collector_hash, _plan_tables(plan),
+                   records, {}, [], 0)  # fmt: skip
+
+
 def _read_event(path: Path) -> dict:
     try:
         event = json.loads(path.read_bytes())

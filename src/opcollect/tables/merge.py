@@ -30,7 +30,7 @@ from opcollect.project import ProjectTree
 from opcollect.tables import consumer
 from opcollect.tables import provenance as pv
 from opcollect.tables.candidates import latest_per_case, new_candidates, old_candidates, unique_planned
-from opcollect.tables.ingest import RunData, load_run
+from opcollect.tables.ingest import RunData, load_planned, load_run
 from opcollect.tables.schema import TableSchema, read_parquet, schema_for_op, table_files
 from opcollect.tables.store import Staging, check_into, locked, recover
 
@@ -185,14 +185,24 @@ def _runtime(target: Target, runs: list[RunData]) -> pv.Runtime:
 
 
 def merge(
-    run_dirs: list[Path], tables: Path, tree: ProjectTree | None, wait: bool = True, say: Callable[[str], None] = print
+    run_dirs: list[Path],
+    tables: Path,
+    tree: ProjectTree | None,
+    wait: bool = True,
+    say: Callable[[str], None] = print,
+    plans: tuple[Path, ...] = (),
 ) -> list[TableWritten]:
-    """Merge the runs into TABLES under its lock; TABLES must be new, empty or a tree that verifies."""
+    """Merge the runs into TABLES under its lock; TABLES must be new, empty or a tree that verifies. The cases of
+    ``plans`` (plan files of the same plan_hash as runs merged) count as planned too: a table misses them, partial."""
     tables = Path(tables)
     if tree is None:
         raise InputError("merge needs the systems/ of an opcollect checkout; pass --root")
     systems = load_systems(tree.systems)
     runs = [load_run(d) for d in run_dirs]
+    planned_only = [load_planned(p) for p in plans]
+    for plan in planned_only:
+        if not any((r.backend, r.plan_hash) == (plan.backend, plan.plan_hash) for r in runs):
+            raise InputError(f"--plan {plan.run_dir}: no run merged here is of this plan; give its run directories")
     for run in runs:
         if run.garbage_lines:
             say(f"{run.run_dir}: skipped {run.garbage_lines} garbage shard lines (not a record)")
@@ -208,6 +218,8 @@ def merge(
             )
         targets[key] = target
         groups[key].append(run)
+    for members in groups.values():  # planned-only first: a table's runtime is read from its last run
+        members[:0] = [p for p in planned_only if any(p.plan_hash == m.plan_hash for m in members)]
     check_into(tables, verify=False)  # a file or a foreign directory: refused before the lock file appears
     with locked(tables, wait, say):
         recover(tables)
