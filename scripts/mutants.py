@@ -737,7 +737,7 @@ MUTANTS: list[Mutant] = [
     m(
         "contract-base-init-unfollowed",
         "backends/symbols.py",
-        "return _parameters(release, parent, depth + 1)",
+        "return _parameters(release, parents[0], depth + 1) if parents else None",
         "return None",
         f"{CONTRACT}::test_a_doctored_release_is_reported_at_the_runners_line",
     ),
@@ -813,6 +813,71 @@ MUTANTS: list[Mutant] = [
         '@refines(("n", "k"), ("fp8", "fp8_block"))',
         '@refines(("n",), ("fp8", "fp8_block"))',
         f"{REFERENCE}::test_each_case_rule_reads_only_the_fields_it_declares",
+    ),
+    # ---- TensorRT-LLM runners, version routes, contract tree ---------------------------------------
+    m(
+        "trtllm-gemm-label-ignores-sm100",
+        "backends/trtllm/gemm.py",
+        'return "deepgemm" if dtype == "fp8_block" and sm_100f and deep_gemm else "torch_flow"',
+        'return "deepgemm" if dtype == "fp8_block" and deep_gemm else "torch_flow"',
+        "tests/test_trtllm_gemm.py",
+    ),
+    m(
+        "trtllm-serves-every-version",
+        "backends/trtllm/context.py",
+        'SERVED_VERSIONS = frozenset({"1.3.0rc20", "1.3.0rc23"})',
+        'SERVED_VERSIONS = None',
+        "tests/test_trtllm_routes.py",
+    ),
+    m(
+        "contract-dataclass-open-ended",
+        "backends/symbols.py",
+        "            return names, False\n        return _parameters(release, parents[0], depth + 1) if parents else None",
+        "            return names, True\n        return _parameters(release, parents[0], depth + 1) if parents else None",
+        f"{CONTRACT}::test_a_dataclass_takes_its_fields_and_its_dataclass_bases_fields",
+    ),
+    # ---- bumps, markers, releases, Slurm -----------------------------------------------------------
+    m(
+        "marker-behind-compares-equal",
+        "backends/markers.py",
+        "version_key(m.version) < version_key(pins[m.backend])",
+        "version_key(m.version) <= version_key(pins[m.backend])",
+        "tests/test_version_contract.py",
+    ),
+    m(
+        "bump-accepts-any-tag",
+        "images/bump.py",
+        "if pin.tag is None or not tag_matches(pin.tag, request.version):",
+        "if pin.tag is None:",
+        "tests/test_bump.py::test_bad_bumps_exit_2_with_one_line_and_change_nothing",
+    ),
+    m(
+        "bump-drops-keep-old",
+        "images/bump.py",
+        "if not request.keep_old and old_version != request.version:",
+        "if old_version != request.version:",
+        "tests/test_bump.py::test_a_bump_changes_one_entry_and_writes_its_report",
+    ),
+    m(
+        "release-wheel-entries-unsorted",
+        "release/archives.py",
+        "        for name in sorted(entries):",
+        "        for name in entries:",
+        "tests/test_release.py::test_release_builds_reproducibly_and_verifies_installed",
+    ),
+    m(
+        "release-skips-verify",
+        "release/cut.py",
+        "    if not report.clean:",
+        "    if False:",
+        "tests/test_release.py::test_a_tampered_table_is_refused_before_packaging",
+    ),
+    m(
+        "merge-plan-ignored",
+        "tables/merge.py",
+        "        members[:0] = [p for p in planned_only if any(p.plan_hash == m.plan_hash for m in members)]",
+        "        members[:0] = []",
+        f"{MERGE}::test_merge_against_the_whole_plan_leaves_a_missing_shard_partial",
     ),
 ]
 

@@ -246,3 +246,26 @@ def test_merge_killed_part_way_leaves_the_earlier_tables_valid(tmp_path):
     assert done.returncode == 0 and verify_tables(tables).clean
     assert _perf(tables).num_rows == len(CASES) + len(cases)
     assert [p.name for p in tmp_path.glob(".tables.*")] == [".tables.lock"]  # no staging or old copy left
+
+
+def test_merge_against_the_whole_plan_leaves_a_missing_shard_partial(tmp_path):
+    """A sharded collection whose second shard recorded nothing: merged alone the first shard's table is complete
+    for its own plan; merged with --plan of the whole plan (as the Slurm merge job does) it is partial."""
+    plan = ("plan", "--backend", "torch", "--sm", "cpu", "--ops", "gemm", "--smoke")
+    assert run_cli(*plan, "-o", str(tmp_path / "whole.json")).returncode == 0
+    assert run_cli(*plan, "--shard", "0/2", "-o", str(tmp_path / "s0.json")).returncode == 0
+    assert run_cli(*plan[:-1], "--shard", "0/2", "-o", str(tmp_path / "other.json")).returncode == 0  # not smoke
+    ran = run_cli("run", "--plan", str(tmp_path / "s0.json"), "--out", str(tmp_path / "r0"), "--device", "cpu")
+    assert ran.returncode == 0, ran.stderr
+    alone = run_cli("merge", str(tmp_path / "r0"), "--into", str(tmp_path / "alone"))
+    assert alone.returncode == 0 and alone.stdout.strip().endswith("complete"), alone.stdout
+    whole = run_cli(
+        "merge", str(tmp_path / "r0"), "--into", str(tmp_path / "whole"), "--plan", str(tmp_path / "whole.json")
+    )
+    assert whole.returncode == 0 and whole.stdout.strip().endswith("partial"), whole.stdout + whole.stderr
+    meta = read_sidecar(next((tmp_path / "whole").rglob("gemm/torch/*/collection_meta.yaml")))
+    assert meta.tables["gemm_perf"].status == "partial"
+    other = run_cli(
+        "merge", str(tmp_path / "r0"), "--into", str(tmp_path / "x"), "--plan", str(tmp_path / "other.json")
+    )
+    assert other.returncode == 2 and "no run merged here is of this plan" in other.stderr
