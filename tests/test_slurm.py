@@ -150,3 +150,29 @@ def test_without_sbatch_or_a_controller_it_is_one_line_and_exit_2(tmp_path):
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "the Slurm controller does not answer" in done.stderr and not (tmp_path / "b").exists()
+
+
+def test_each_container_runtime_runs_the_collector_image_in_the_array_script(tmp_path):
+    from opcollect.cluster.scripts import SlurmOptions, array_script, merge_script
+
+    image = "opcollect/vllm:0.24.0-0123456789ab"
+    base = dict(shards=4, partition="gpu", account="perf", time="4:00:00", gpus_per_task=1, image=image)
+    expected = {
+        "pyxis": f"srun --ntasks=1 --container-image={image} --container-mounts=",
+        "apptainer": f"apptainer exec --nv --bind {tmp_path}:{tmp_path} docker://{image} python3 -m opcollect run",
+        "docker": 'docker run --rm --ipc=host --gpus "device=${CUDA_VISIBLE_DEVICES:-all}" '
+        f"-v {tmp_path}:{tmp_path} {image} run",
+        "none": "-m opcollect run",
+    }
+    for runtime, command in expected.items():
+        script = array_script(tmp_path, SlurmOptions(runtime=runtime, run_flags=("--max-noise", "0.1"), **base))
+        assert command in script, (runtime, script)
+        for line in ("#SBATCH --array=0-3", "#SBATCH --partition=gpu", "#SBATCH --account=perf",
+                     "#SBATCH --time=4:00:00", "#SBATCH --gpus-per-task=1"):  # fmt: skip
+            assert line in script.splitlines(), (runtime, line)
+        assert '--device cuda --max-noise 0.1 "${resume[@]}"' in script
+        # the script runs as bash parses it
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    merge = merge_script(tmp_path / "run root", tmp_path / "tables", SlurmOptions(shards=4), tmp_path)
+    assert f"root='{tmp_path / 'run root'}'" in merge and '--plan "$root/plan.json"' in merge
+    assert "--array" not in merge and subprocess.run(["bash", "-n"], input=merge, text=True).returncode == 0
