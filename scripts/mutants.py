@@ -826,7 +826,7 @@ MUTANTS: list[Mutant] = [
         "trtllm-serves-every-version",
         "backends/trtllm/context.py",
         'SERVED_VERSIONS = frozenset({"1.3.0rc20", "1.3.0rc23"})',
-        'SERVED_VERSIONS = None',
+        "SERVED_VERSIONS = None",
         "tests/test_trtllm_routes.py",
     ),
     m(
