@@ -16,6 +16,7 @@ from conftest import cases_of
 from opcollect.backends.trtllm import gemm
 from opcollect.plans.gemm import GemmCase
 from opcollect.runtime.contract import KernelLimit
+from opcollect.runtime.dtypes import TENSOR_BYTES
 
 DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo")
 
@@ -82,7 +83,7 @@ def test_footprint_is_the_bytes_of_the_layout_and_grows():
     for dtype in DTYPES:
         case = GemmCase(dtype, 16, 256, 512)
         layout = gemm.gemm_layout(case)
-        tensors = sum(prod(s) * gemm.BYTES[d] for _, s, d in (*layout.checkpoint, *layout.params))
+        tensors = sum(prod(s) * TENSOR_BYTES[d] for _, s, d in (*layout.checkpoint, *layout.params))
         assert gemm.footprint(case) == tensors + (16 * 512 + 16 * 256) * 2 + layout.act_quant_bytes, dtype
         for bigger in (case._replace(m=32), case._replace(n=512), case._replace(k=1024)):
             assert gemm.footprint(bigger) > gemm.footprint(case), (dtype, bigger)

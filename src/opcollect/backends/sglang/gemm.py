@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from math import prod
 
 from opcollect.runtime.contract import KernelLimit, Prepared
-from opcollect.runtime.dtypes import ceil_div
+from opcollect.runtime.dtypes import ceil_div, tensor_bytes
 
 BLOCK = 128  # fp8_block weight blocks (n, k)
 INT4_GROUP = 128  # GPTQ group size along k
@@ -32,7 +32,6 @@ PREFIX = "model.layers.0.mlp.down_proj"
 # checkpoint-like constants: symmetric GPTQ stores the zero 8 as 7 per nibble; fp8 block scales near a real one's
 CONSTANTS = {"qzeros": 0x77777777, "weight_scale_inv": 1.0 / 448.0, "scales": 0.01, "weight_scale": 1.0,
              "input_scale": 1.0, "weight_scale_2": 1.0}  # fmt: skip
-BYTES = {"bfloat16": 2, "float8_e4m3fn": 1, "float32": 4, "int32": 4, "uint8": 1}
 QUANTIZATION = {"bfloat16": None, "fp8": "fp8", "fp8_block": "fp8", "int4_wo": "gptq_marlin", "nvfp4": "modelopt_fp4"}
 
 
@@ -84,14 +83,10 @@ def gemm_layout(case) -> GemmLayout:
                       act_quant_bytes=m * k // 2 + m * k // NVFP4_GROUP)  # fmt: skip
 
 
-def _tensor_bytes(spec: tuple[str, tuple[int, ...], str]) -> int:
-    return prod(spec[1]) * BYTES[spec[2]]
-
-
 def footprint(case) -> int:
     layout = gemm_layout(case)
     activations = (prod(layout.x_shape) + prod(layout.out_shape)) * 2 + layout.act_quant_bytes
-    return activations + _tensor_bytes(layout.weight) + sum(_tensor_bytes(s) for s in layout.scales)
+    return activations + tensor_bytes((layout.weight, *layout.scales))
 
 
 def check_shape(case) -> None:

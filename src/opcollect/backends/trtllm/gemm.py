@@ -36,13 +36,12 @@ from math import prod
 
 from opcollect.backends.trtllm.context import SERVED_VERSIONS
 from opcollect.runtime.contract import KernelLimit, Prepared, Runner
-from opcollect.runtime.dtypes import ceil_div
+from opcollect.runtime.dtypes import ceil_div, tensor_bytes
 
 BLOCK = 128  # fp8_block weight blocks (n, k): FP8BlockScalesLinearMethod.create_weights (linear.py:1064-1065)
 AWQ_GROUP = 128  # context.GROUP_SIZES["int4_wo"]: int4 scales per 128 values of k
 NVFP4_GROUP = 16  # NVFP4LinearMethod: scaling_vector_size (linear.py:1265)
 INT32_ELEMENTS = 2**31  # the first element count a kernel's int32 offsets cannot reach
-BYTES = {"bfloat16": 2, "float8_e4m3fn": 1, "float32": 4, "int8": 1, "uint8": 1}
 # the quant method class TensorRT-LLM's get_quant_method returns for each dtype's QuantConfig (linear.py:2508-2539)
 QUANT_METHODS = {
     "bfloat16": "UnquantizedLinearMethod",
@@ -149,16 +148,12 @@ def gemm_layout(case) -> GemmLayout:
     )
 
 
-def _bytes(spec: Spec) -> int:
-    return prod(spec[1]) * BYTES[spec[2]]
-
-
 def footprint(case) -> int:
     """Bytes of one input set: activation, output, the quant method's per-call buffers, the linear's parameters
     and the checkpoint tensors alive while they load."""
     layout = gemm_layout(case)
     activations = (prod(layout.x_shape) + prod(layout.out_shape)) * 2 + layout.act_quant_bytes
-    return activations + sum(map(_bytes, layout.params)) + sum(map(_bytes, layout.checkpoint))
+    return activations + tensor_bytes(layout.params) + tensor_bytes(layout.checkpoint)
 
 
 def check_shape(case) -> None:

@@ -11,10 +11,9 @@ relative to tensorrt_llm/_torch/.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 from opcollect.runtime.contract import KernelLimit
-from opcollect.runtime.dtypes import ceil_div
+from opcollect.runtime.dtypes import ceil_div, tensor_bytes
 
 BLOCK = 128  # fp8_block weight blocks (128 x 128)
 MXFP4_BLOCK = 32  # one e8m0 scale per 32 fp4 values
@@ -40,7 +39,6 @@ SM_RANGE = {"fp8": (87, None), "fp8_block": (90, None), "nvfp4": (100, None), "w
 # (quantization.py MXFP4WeightFusedMoEMethod.create_weights, at most 256), CUTLASS WFP4A16 to 128
 # (fused_moe_cutlass.py CutlassFusedMoE.__init__), Triton estimated as CUTLASS
 MXFP4_ALIGN = {"TRTLLM": 256, "CUTLASS": 128, "TRITON": 128}
-BYTES = {"bfloat16": 2, "float8_e4m3fn": 1, "float32": 4, "int64": 8, "int32": 4, "uint8": 1}
 FP8 = "float8_e4m3fn"
 
 
@@ -221,8 +219,8 @@ def moe_layout(case, backend: str) -> MoeLayout:
 def layout_bytes(layout: MoeLayout, num_experts: int) -> int:
     """Weights, the MXFP4 checkpoint tensors (one set shared by every expert), hidden states, router logits,
     output, and per routed pair the fc1 output and activation (the fused kernels' workspace, bf16)."""
-    weights = sum(prod(shape) * BYTES[dtype] for _, shape, dtype in layout.params)
-    checkpoint = sum(prod(shape) * BYTES[dtype] for _, shape, dtype in layout.checkpoint)
+    weights = tensor_bytes(layout.params)
+    checkpoint = tensor_bytes(layout.checkpoint)
     routed = layout.tokens * layout.topk
     activations = (2 * layout.tokens * layout.hidden + routed * (layout.hidden + 3 * layout.local_inter)) * 2
     return weights + checkpoint + activations + layout.tokens * num_experts * 2

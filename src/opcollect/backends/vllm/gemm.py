@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from math import prod
 
 from opcollect.runtime.contract import KernelLimit, Prepared
-from opcollect.runtime.dtypes import ceil_div
+from opcollect.runtime.dtypes import ceil_div, tensor_bytes
 
 BLOCK = 128  # fp8_block weight blocks (n, k)
 INT4_GROUP = 128  # GPTQ group size along k
@@ -36,7 +36,6 @@ CONSTANTS = {
     "input_scale": 1.0,
     "weight_scale_2": 1.0,
 }
-BYTES = {"bfloat16": 2, "float8_e4m3fn": 1, "float32": 4, "int32": 4, "uint8": 1}
 
 
 @dataclass(frozen=True)
@@ -141,14 +140,10 @@ def gemm_layout(case) -> GemmLayout:
     raise KernelLimit(f"the vLLM GEMM runner has no {dtype} path")
 
 
-def _tensor_bytes(spec: tuple[str, tuple[int, ...], str]) -> int:
-    return prod(spec[1]) * BYTES[spec[2]]
-
-
 def footprint(case) -> int:
     layout = gemm_layout(case)
     activations = (prod(layout.x_shape) + prod(layout.out_shape)) * 2 + layout.act_quant_bytes
-    return activations + _tensor_bytes(layout.weight) + sum(_tensor_bytes(s) for s in layout.scales)
+    return activations + tensor_bytes((layout.weight, *layout.scales))
 
 
 def check_shape(case) -> None:

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from math import prod
 
 from opcollect.runtime.contract import KernelLimit, Prepared
-from opcollect.runtime.dtypes import ceil_div
+from opcollect.runtime.dtypes import ceil_div, tensor_bytes
 
 BLOCK = 128  # fp8_block weight blocks
 INT4_GROUP = 128
 MXFP4_BLOCK = 32  # one e8m0 scale per 32 fp4 values
 GPT_OSS = (2880, 2880)  # (hidden, inter) of gpt-oss, the one model served through Mxfp4Config
-BYTES = {"bfloat16": 2, "float8_e4m3fn": 1, "float32": 4, "int32": 4, "uint8": 1}
 BACKEND_ATTRS = ("unquantized_backend", "fp8_backend", "nvfp4_backend", "mxfp4_backend", "wna16_backend")
 
 
@@ -132,7 +130,7 @@ def moe_layout(case) -> MoeLayout:
 
 def footprint(case) -> int:
     layout = moe_layout(case)
-    weights = sum(prod(shape) * BYTES[dtype] for _, shape, dtype in layout.params)
+    weights = tensor_bytes(layout.params)
     routed = layout.tokens * layout.topk
     # hidden states, router logits, output; per routed pair the gate_up and activation intermediates
     activations = (2 * layout.tokens * layout.hidden + routed * (layout.hidden + 3 * layout.local_inter)) * 2
