@@ -30,14 +30,6 @@ def test_labels_are_the_plans_variants():
     assert ar.KERNEL_SOURCES["sglang_eager"] == "SGLang_CustomAllReduce_eager"
 
 
-@pytest.mark.parametrize(
-    "elements, shape",
-    [(128, (1, 128)), (4096, (1, 4096)), (8192, (2, 4096)), (2**29, (131072, 4096)), (6000, (1, 6000))],
-)
-def test_tensor_shape(elements, shape):
-    assert ar.tensor_shape(elements) == shape
-
-
 def test_case_bytes_counts_elements_of_the_dtype():
     assert ar.case_bytes(case(1024)) == 2048
     assert ar.case_bytes(case(1024, dtype="half")) == 2048

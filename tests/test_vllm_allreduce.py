@@ -40,9 +40,14 @@ def test_rank_devices():
     "elements, shape",
     [(128, (1, 128)), (4096, (1, 4096)), (8192, (2, 4096)), (2**29, (131072, 4096)), (6000, (1, 6000))],
 )
-def test_tensor_shape(elements, shape):
-    assert ar.tensor_shape(elements) == shape
+def test_all_reduce_input_is_message_size_ones_in_rows_of_4096(elements, shape):
+    """The input every framework's all-reduce runner times (backends/torch/comm.py all_reduce_input)."""
+    torch = pytest.importorskip("torch")
+    assert torch_comm.tensor_shape(elements) == shape
     assert shape[0] * shape[1] == elements
+    if elements <= 8192:  # allocated on the CPU: the shape, dtype and values the ranks get
+        x = torch_comm.all_reduce_input({"allreduce_dtype": "bfloat16", "message_size": elements}, "cpu")
+        assert tuple(x.shape) == shape and x.dtype == torch.bfloat16 and bool((x == 1).all())
 
 
 def test_case_bytes_counts_elements_of_the_dtype():

@@ -24,16 +24,14 @@ import sys
 from functools import partial
 
 from opcollect.backends.torch.comm import (
-    TORCH_DTYPES,
     AllreduceMeasured,
+    all_reduce_input,
     case_bytes,
     run_all_reduce_row,
     serve_rank,
-    tensor_shape,
     time_all_reduce,
 )
 from opcollect.runtime.contract import Measured
-from opcollect.runtime.dtypes import message_bytes
 from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"sglang_graph": "SGLang_CustomAllReduce_graph", "sglang_eager": "SGLang_CustomAllReduce_eager"}
@@ -223,14 +221,10 @@ def _capture(x, calls: int):
 
 
 def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
-    import torch
     from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
     from sglang.srt.distributed.parallel_state import get_tp_group
 
-    dtype = getattr(torch, TORCH_DTYPES[case["allreduce_dtype"]])
-    x = torch.ones(tensor_shape(case["message_size"]), dtype=dtype, device=device)
-    if x.numel() * x.element_size() != message_bytes(case["allreduce_dtype"], case["message_size"]):
-        raise AssertionError(f"all-reduce of {case['message_size']} {case['allreduce_dtype']}: wrong tensor size")
+    x = all_reduce_input(case, device)
     graphed = case["backend"] == "sglang_graph"
     group = get_tp_group()
     communicator = communicator_used(group, x, graphed)

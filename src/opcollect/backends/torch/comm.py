@@ -199,6 +199,17 @@ class AllreduceMeasured(Measured):
     communicator: str = ""  # what the framework's all-reduce ran (its communicator)
 
 
+def all_reduce_input(case: dict, device: str):
+    """The all-ones tensor of a custom_allreduce case: message_size elements of its dtype, in tensor_shape."""
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPES[case["allreduce_dtype"]])
+    x = torch.ones(tensor_shape(case["message_size"]), dtype=dtype, device=device)
+    if x.numel() * x.element_size() != message_bytes(case["allreduce_dtype"], case["message_size"]):
+        raise AssertionError(f"all-reduce of {case['message_size']} {case['allreduce_dtype']}: wrong tensor size")
+    return x
+
+
 def tensor_shape(elements: int) -> tuple[int, int]:
     """The reference's layout (collect_all_reduce.py:69-75): one row up to 4096 elements, else rows of 4096."""
     if elements <= 4096 or elements % 4096:

@@ -38,17 +38,16 @@ from functools import partial
 from types import SimpleNamespace
 
 from opcollect.backends.torch.comm import (
-    TORCH_DTYPES,
     AllreduceMeasured,
+    all_reduce_input,
     case_bytes,
     run_all_reduce_row,
     serve_rank,
-    tensor_shape,
     time_all_reduce,
 )
 from opcollect.backends.trtllm.context import SERVED_VERSIONS
 from opcollect.runtime.contract import Measured, Runner
-from opcollect.runtime.dtypes import ceil_div, message_bytes
+from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"trtllm": "TRTLLM"}  # plans/comm.py VARIANTS["trtllm"]
@@ -176,13 +175,10 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
     import torch
     from tensorrt_llm._torch.distributed.ops import AllReduce
 
-    dtype = getattr(torch, TORCH_DTYPES[case["allreduce_dtype"]])
-    x = torch.ones(tensor_shape(case["message_size"]), dtype=dtype, device=device)  # reference :167-168
-    if x.numel() * x.element_size() != message_bytes(case["allreduce_dtype"], case["message_size"]):
-        raise AssertionError(f"all-reduce of {case['message_size']} {case['allreduce_dtype']}: wrong tensor size")
+    x = all_reduce_input(case, device)  # reference :167-168
     mapping = _WORLD["mapping"]
     # the AUTO strategy is AllReduce's default (ops.py:646); the dtype as a Linear passes it (linear.py:2625-2627)
-    allreduce = AllReduce(mapping=mapping, dtype=dtype)
+    allreduce = AllReduce(mapping=mapping, dtype=x.dtype)
     source = kernel_label(allreduce.strategy.name, mapping.tp_size, case["num_gpus"])
     communicator = communicator_used(allreduce)
     allreduce(x)  # the reference's dry run outside the graph (:173): NCCL's lazy communicator, the Lamport buffers

@@ -23,16 +23,14 @@ import sys
 from functools import partial
 
 from opcollect.backends.torch.comm import (
-    TORCH_DTYPES,
     AllreduceMeasured,
+    all_reduce_input,
     case_bytes,
     run_all_reduce_row,
     serve_rank,
-    tensor_shape,
     time_all_reduce,
 )
 from opcollect.runtime.contract import Measured
-from opcollect.runtime.dtypes import message_bytes
 from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"vllm_graph": "vLLM_custom_graph", "vllm_eager": "vLLM_custom_eager"}  # plans/comm.py VARIANTS
@@ -177,14 +175,10 @@ def _capture(x, calls: int, device: str):
 
 
 def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
-    import torch
     from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
     from vllm.distributed.device_communicators.all_reduce_utils import should_nccl_symm_mem_allreduce
 
-    dtype = getattr(torch, TORCH_DTYPES[case["allreduce_dtype"]])
-    x = torch.ones(tensor_shape(case["message_size"]), dtype=dtype, device=device)
-    if x.numel() * x.element_size() != message_bytes(case["allreduce_dtype"], case["message_size"]):
-        raise AssertionError(f"all-reduce of {case['message_size']} {case['allreduce_dtype']}: wrong tensor size")
+    x = all_reduce_input(case, device)
     communicator = communicator_used(get_tp_group().device_communicator, x, should_nccl_symm_mem_allreduce)
     # Past custom all-reduce's max_size (custom_ar_max_bytes) vLLM runs torch symm-mem or pynccl; the label
     # stays the variant's, as the reference's does; ``communicator`` says what ran.
