@@ -60,29 +60,28 @@ def sbatch(script: Path, *, array: str | None = None, dependency: str | None = N
     return match.group(1)
 
 
-def task_states(job_ids: list[str]) -> dict[int, str] | None:
-    """Array task index -> state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...) of the
-    array jobs, the latest submission's answer winning; None when neither squeue nor sacct answers."""
+def task_states(job: str) -> dict[int, str] | None:
+    """Array task index -> state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...) of one
+    array job, squeue's answer (current) over sacct's; None when neither answers."""
     states: dict[int, str] = {}
     answered = False
-    for job in job_ids:
-        asks = (
-            ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", job],
-            ["squeue", "-h", "-r", "-o", "%i|%T", "-j", job],
-        )
-        for command in asks:
-            if shutil.which(command[0]) is None:
-                continue
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                continue
-            if done.returncode != 0:
-                continue
-            answered = True
-            for line in done.stdout.splitlines():
-                ident, _, state = line.partition("|")
-                task = re.match(rf"^{job}_(\d+)$", ident.strip())
-                if task:
-                    states[int(task.group(1))] = state.split()[0] if state.strip() else "UNKNOWN"
+    asks = (
+        ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", job],
+        ["squeue", "-h", "-r", "-o", "%i|%T", "-j", job],
+    )
+    for command in asks:
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            continue
+        if done.returncode != 0:
+            continue
+        answered = True
+        for line in done.stdout.splitlines():
+            ident, _, state = line.partition("|")
+            task = re.match(rf"^{job}_(\d+)$", ident.strip())
+            if task:
+                states[int(task.group(1))] = state.split()[0] if state.strip() else "UNKNOWN"
     return states if answered else None

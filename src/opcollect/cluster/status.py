@@ -48,13 +48,11 @@ def planned_cases(plan_path: Path) -> int:
 def shard_states(root: Path) -> list[ShardStatus]:
     root = Path(root)
     record = read_record(root)
-    jobs = [s["array_job"] for s in record["submissions"]]
-    slurm = task_states(jobs)
+    answers = [(s["tasks"], task_states(s["array_job"])) for s in record["submissions"]]
+    slurm_answered = any(answer is not None for _, answer in answers)
     latest_task: dict[int, str] = {}
-    if slurm is not None:
-        for submission in record["submissions"]:  # a resubmitted shard: its latest task speaks
-            answer = task_states([submission["array_job"]]) or {}
-            latest_task.update({i: answer[i] for i in submission["tasks"] if i in answer})
+    for tasks, answer in answers:  # in submission order: a resubmitted shard's latest task speaks
+        latest_task.update({i: answer[i] for i in tasks if answer and i in answer})
     result = []
     for index in range(record["shards"]):
         shard = root / f"shard-{index}"
@@ -67,7 +65,7 @@ def shard_states(root: Path) -> list[ShardStatus]:
             state = "done"
         elif said in QUEUED:
             state = QUEUED[said]
-        elif slurm is None:
+        elif not slurm_answered:
             state = "incomplete"
         else:
             state = "failed"

@@ -23,7 +23,7 @@ from opcollect.collect import CollectRequest, run_flags
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
 from opcollect.plans.planfile import to_json
-from opcollect.plans.planner import Planner, PlanOptions, require_cases
+from opcollect.plans.planner import Planner, PlanOptions, require_cases, shard_of
 from opcollect.project import ProjectTree
 from opcollect.runtime.rundir import check_fresh
 
@@ -58,13 +58,12 @@ def _write_json(path: Path, data: dict) -> None:
 def prepare_root(tree: ProjectTree, backend: str, sm: str, plan_options: PlanOptions, shards: int,
                  root: Path | None, model_configs: tuple[Path, ...] = ()) -> tuple[Path, int]:  # fmt: skip
     """Plan once, write the whole plan and each shard's plan; (run root, planned cases)."""
-    planner = Planner(tree, model_configs)
-    whole = planner.plan(backend, sm, plan_options)
+    whole = Planner(tree, model_configs).plan(backend, sm, plan_options)
     require_cases(whole, f"collect {backend} --slurm")
     name = f"{backend}-sm{sm}-{whole.plan_hash[:12]}-{whole.collector_hash[:8]}-slurm{shards}"
     root = Path(root or tree.root / "runs" / name).resolve()
     check_fresh(root)
-    parts = [planner.plan(backend, sm, replace(plan_options, shard=(i, shards))) for i in range(shards)]
+    parts = [shard_of(whole, i, shards) for i in range(shards)]  # dealt from the one selection
     if sum(p.total_cases for p in parts) != whole.total_cases:
         raise InputError(f"--shards {shards}: the shards do not add up to the plan; report this as a bug")
     empty = [i for i, p in enumerate(parts) if not p.total_cases]

@@ -7,7 +7,7 @@ the whole matrix costs little more than planning one pair.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -133,20 +133,18 @@ class Planner:
             canonical.extend(_canonical_lines(selection))
         canonical.sort()
         digest = plan_hash(plan_header(backend, sm), canonical, presorted=True)
-        if options.shard is not None:
-            selections = {op: _shard(s, *options.shard) for op, s in selections.items()}
-            canonical = sorted(line for s in selections.values() for line in _canonical_lines(s))
-        return Plan(
+        whole = Plan(
             backend,
             sm,
             self.collector_hash,
             digest,
-            options,
+            replace(options, shard=None),
             selections,
             self.model_configs,
             canonical,
             notes=self.notes(sm, options.ops),
         )
+        return whole if options.shard is None else shard_of(whole, *options.shard)
 
     def notes(self, sm: str, ops: tuple[str, ...]) -> tuple[str, ...]:
         """The models' notes, then the shapes each planned op lacks because a TP size does not split them."""
@@ -294,6 +292,14 @@ def check_exactly_once(op: str, ids: list[str], rows: list[Row]) -> None:
 
 def _canonical_lines(selection: OpSelection) -> list[str]:
     return canonical_lines(selection.ids, selection.dispatch, selection.rows)
+
+
+def shard_of(plan: Plan, index: int, count: int) -> Plan:
+    """Shard ``index`` of ``count`` of a whole plan, dealt from its selections without planning again: the same
+    plan_hash, its own cases and canonical lines (so its own content hash)."""
+    selections = {op: _shard(s, index, count) for op, s in plan.ops.items()}
+    canonical = sorted(line for s in selections.values() for line in _canonical_lines(s))
+    return replace(plan, options=replace(plan.options, shard=(index, count)), ops=selections, canonical=canonical)
 
 
 def _shard(selection: OpSelection, index: int, count: int) -> OpSelection:
