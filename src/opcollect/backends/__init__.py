@@ -16,10 +16,5 @@ def load_backend(name: str) -> ModuleType:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
-            if name in BACKENDS:  # a backend the planner knows, whose runners this collector does not have
-                raise InputError(
-                    f"backend {name!r}: this collector has no runners for it yet (no module {module}); "
-                    "collect with a backend that has them (torch)"
-                ) from None
             raise InputError(f"backend {name!r}: no module {module}; known backends: {', '.join(BACKENDS)}") from None
         raise
