@@ -34,6 +34,11 @@ class Task:
     cases: tuple[dict, ...]  # case fields by name
     attempt: int
 
+    @property
+    def ranks(self) -> int:
+        """Devices one measurement of the row spans: its cases' num_gpus (comm, custom all-reduce), else 1."""
+        return max((int(case.get("num_gpus", 1)) for case in self.cases), default=1)
+
 
 @dataclass
 class _Worker:
@@ -147,16 +152,23 @@ class Pool:
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, tasks: list[Task]) -> None:
-        pending = deque(tasks)
+        # A row whose measurement spans several devices starts its ranks on cuda:0..N-1 (or N CPU processes),
+        # where the other workers time their cases: it runs alone, after every single-device row.
+        pending = deque(sorted(tasks, key=lambda t: t.ranks > 1))
         self.workers = [self._spawn(slot) for slot in range(min(len(self.devices), max(1, len(tasks))))]
         try:
             while pending or any(w.task for w in self.workers):
                 for worker in self.workers:
-                    if worker.identity is not None and worker.task is None and pending:
+                    if worker.identity is not None and worker.task is None and pending and self._may_start(pending[0]):
                         self._send(worker, pending.popleft())
                 self._wait()
         finally:
             self.close()
+
+    def _may_start(self, task: Task) -> bool:
+        """A multi-device row starts only when every worker is idle; nothing starts beside one."""
+        busy = [w.task for w in self.workers if w.task is not None]
+        return not busy if task.ranks > 1 else all(t.ranks == 1 for t in busy)
 
     def _send(self, worker: _Worker, task: Task) -> None:
         worker.task = task
