@@ -127,8 +127,11 @@ def fake_run(
     nccl_version: str | None = "2.26.2",
     latency_of: Callable[[Any], float] | None = None,
     kernel_source: str = "cutlass",
+    ran_of: Callable[[Any], tuple[str, str]] | None = None,
 ) -> Path:
-    """A run directory written the way `run` writes one, with chosen outcomes instead of measurements."""
+    """A run directory written the way `run` writes one, with chosen outcomes instead of measurements;
+    ``ran_of(case)``: the (ran, expected_ran) of a measured case, when its runner reports what ran beneath the
+    label."""
     from opcollect.plans.hashes import collector_hash
     from opcollect.plans.planfile import read_plan, write_plan
     from opcollect.plans.planner import plan_of_cases
@@ -176,6 +179,7 @@ def fake_run(
             record.update(
                 status="ok",
                 kernel_source=kernel_source,
+                **(dict(zip(("ran", "expected_ran"), ran_of(case))) if ran_of is not None else {}),
                 stats={
                     "latency": value,
                     "latency_p25": value * 0.99,

@@ -32,6 +32,10 @@ class Prepared:
 class Measured:
     stats: Stats
     kernel_source: str
+    # what ran beneath the label where the framework picks per call (an all-reduce's communicator or strategy),
+    # read from the objects it built, and what the framework's selection, as the runner models it, predicted
+    ran: str | None = None
+    expected: str | None = None
 
 
 class Backend(Protocol):

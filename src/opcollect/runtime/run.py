@@ -188,11 +188,17 @@ def describe_run_dir(run_dir: Path, planned: int) -> str:
 
 
 def _dispatch_misses(records) -> str:
-    """Rows whose kernel_source (what ran) is not the plan's dispatch (what the plan predicted), by pair."""
+    """Rows whose kernel_source (what ran) is not the plan's dispatch (what the plan predicted), or whose
+    communicator or strategy (``ran``) is not the one the framework's selection predicted, by pair."""
     pairs = Counter(
         (r.get("dispatch"), r.get("kernel_source"))
         for r in records
         if r["status"] == "ok" and r.get("kernel_source") != r.get("dispatch")
+    )
+    pairs.update(
+        (r.get("expected_ran"), r.get("ran"))
+        for r in records
+        if r["status"] == "ok" and r.get("expected_ran") is not None and r.get("ran") != r.get("expected_ran")
     )
     if not pairs:
         return "; every row ran the kernel its plan named"

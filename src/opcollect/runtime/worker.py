@@ -53,6 +53,7 @@ def run_task(backend, task: dict, device: str, config: TimingConfig) -> dict:
                     "status": "ok",
                     "stats": dataclasses.asdict(m.stats),
                     "kernel_source": m.kernel_source,
+                    **({"ran": m.ran, "expected_ran": m.expected} if m.ran is not None else {}),
                 }
             )
     except Exception as exc:  # every failure is recorded; the worker goes on unless it is fatal

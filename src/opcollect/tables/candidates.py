@@ -18,6 +18,8 @@ CANDIDATE_TYPES = {
     "ok": pa.bool_(),
     "recorded_at": pa.string(),
     "kernel_source": pa.string(),
+    "ran": pa.string(),
+    "expected_ran": pa.string(),
     "latency": pa.float64(),
     "latency_p25": pa.float64(),
     "latency_p75": pa.float64(),
@@ -42,6 +44,8 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
         "recorded_at",
         "kernel_source",
         "dispatch",
+        "ran",
+        "expected_ran",
         "error_class",
         "message",
         "attempt",
@@ -58,6 +62,8 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
         "ok": pc.equal(joined["status"], "ok"),
         "recorded_at": joined["recorded_at"],
         "kernel_source": pc.coalesce(joined["kernel_source"], joined["dispatch"]),
+        "ran": joined["ran"],
+        "expected_ran": joined["expected_ran"],
     }
     for name in ("latency", "latency_p25", "latency_p75", "samples", "noise", "timing", "sm_clock_mhz"):
         columns[name] = joined[f"stats.{name}"]

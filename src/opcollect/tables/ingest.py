@@ -46,6 +46,8 @@ RECORD = pa.schema(
         ("status", pa.string()),
         ("kernel_source", pa.string()),
         ("dispatch", pa.string()),
+        ("ran", pa.string()),
+        ("expected_ran", pa.string()),
         ("error_class", pa.string()),
         ("message", pa.string()),
         ("attempt", pa.int64()),

@@ -141,10 +141,19 @@ def _collector_ref(tree: ProjectTree | None, wanted: str) -> str | None:
 
 def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[pv.Event]:
     counts: dict[tuple[str, bool], int] = defaultdict(int)
+    ran: dict[str, dict[str, int]] = defaultdict(dict)
+    unexpected: dict[str, int] = defaultdict(int)
     if chosen_new.num_rows:
         grouped = chosen_new.group_by(["run_id", "ok"]).aggregate([("case_id", "count")])
         for row in grouped.to_pylist():
             counts[(row["run_id"], row["ok"])] = row["case_id_count"]
+        measured = chosen_new.filter(pc.and_(chosen_new["ok"], pc.is_valid(chosen_new["ran"])))
+        if measured.num_rows:
+            by_ran = measured.group_by(["run_id", "ran", "expected_ran"]).aggregate([("case_id", "count")])
+            for row in by_ran.to_pylist():
+                ran[row["run_id"]][row["ran"]] = ran[row["run_id"]].get(row["ran"], 0) + row["case_id_count"]
+                if row["expected_ran"] is not None and row["ran"] != row["expected_ran"]:
+                    unexpected[row["run_id"]] += row["case_id_count"]
     events = []
     for run in runs:
         if op not in run.plan_cases:
@@ -163,6 +172,8 @@ def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[pv.Event
                     image_digest=e.get("image_digest"),
                     plan_hash=run.plan_hash,
                     garbage_lines=run.garbage_lines,
+                    ran=dict(sorted(ran[e["run_id"]].items())),
+                    unexpected_ran=unexpected[e["run_id"]],
                 )
             )
     return events

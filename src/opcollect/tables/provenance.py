@@ -63,6 +63,10 @@ class Event(_Strict):
     image_digest: str | None
     plan_hash: Sha256
     garbage_lines: int = Field(default=0, ge=0)  # shard lines of the run that were no record, skipped
+    # rows per communicator or strategy that ran beneath the label (Measured.ran), and rows where that was not
+    # the one the framework's selection predicted
+    ran: dict[str, int] = Field(default_factory=dict)
+    unexpected_ran: int = Field(default=0, ge=0)
 
 
 class TableMeta(_Strict):

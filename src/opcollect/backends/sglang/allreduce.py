@@ -15,7 +15,8 @@ pymscclpp.py:26-30). sglang is imported only inside the ranks.
 Variants, as the reference names them (aiconfigurator collector/network/collect_all_reduce.py:703-920):
 - sglang_graph: K all-reduces captured inside SGLang's ``graph_capture`` into one CUDA graph, timed by replays;
 - sglang_eager: K direct calls back to back (the reference clones the input per call; serving does not).
-The kernel_source stays the variant's at every size; what SGLang ran comes back as Measured.communicator.
+The kernel_source stays the variant's at every size; what SGLang ran comes back as Measured.ran, beside
+the communicator expected_communicator predicts (Measured.expected).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import sys
 from functools import partial
 
 from opcollect.backends.torch.comm import (
-    AllreduceMeasured,
     all_reduce_input,
     case_bytes,
     run_all_reduce_row,
@@ -32,6 +32,7 @@ from opcollect.backends.torch.comm import (
     time_all_reduce,
 )
 from opcollect.runtime.contract import Measured
+from opcollect.runtime.devices import device_sm
 from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"sglang_graph": "SGLang_CustomAllReduce_graph", "sglang_eager": "SGLang_CustomAllReduce_eager"}
@@ -241,4 +242,6 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
             f"custom_allreduce {case['backend']} {case['message_size']} elements: SGLang ran {communicator}{detail}",
             file=sys.stderr,
         )
-    return AllreduceMeasured(stats, KERNEL_SOURCES[case["backend"]], communicator)
+    nbytes = x.numel() * x.element_size()
+    expected = expected_communicator(case["num_gpus"], nbytes, device_sm(device), graphed)
+    return Measured(stats, KERNEL_SOURCES[case["backend"]], ran=communicator, expected=expected)

@@ -14,7 +14,8 @@ The variants, as the reference names them (aiconfigurator collect_all_reduce.py:
 - vllm_eager: K direct calls back to back.
 The kernel_source stays the variant's name, as in the reference, at every size, also where vLLM runs another
 communicator than custom all-reduce (above custom all-reduce's max_size, see custom_ar_max_bytes); what vLLM
-ran is read from its communicator objects and returned as Measured.communicator.
+ran is read from its communicator objects and returned as Measured.ran, beside what expected_communicator
+predicts (Measured.expected).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import sys
 from functools import partial
 
 from opcollect.backends.torch.comm import (
-    AllreduceMeasured,
     all_reduce_input,
     case_bytes,
     run_all_reduce_row,
@@ -31,6 +31,7 @@ from opcollect.backends.torch.comm import (
     time_all_reduce,
 )
 from opcollect.runtime.contract import Measured
+from opcollect.runtime.devices import device_sm
 from opcollect.runtime.harness import TimingConfig
 
 KERNEL_SOURCES = {"vllm_graph": "vLLM_custom_graph", "vllm_eager": "vLLM_custom_eager"}  # plans/comm.py VARIANTS
@@ -198,4 +199,6 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
             f"custom_allreduce {case['backend']} {case['message_size']} elements: vLLM ran {communicator}",
             file=sys.stderr,
         )
-    return AllreduceMeasured(stats, KERNEL_SOURCES[case["backend"]], communicator)
+    nbytes = x.numel() * x.element_size()
+    expected = expected_communicator(case["num_gpus"], case["allreduce_dtype"], nbytes, device_sm(device))
+    return Measured(stats, KERNEL_SOURCES[case["backend"]], ran=communicator, expected=expected)
