@@ -6,10 +6,12 @@ re-export chains and base classes it follows) and reduce each to its API: import
 parameter lists of its classes, functions and assignments, with every body, default and annotation dropped.
 Run it again when a runner starts using another symbol (the contract test then names the miss):
 
-    python scripts/contract_tree.py trtllm --source DIR --commits COMMITS.json --out tests/data/trtllm-release
+    python scripts/contract_tree.py trtllm --source DIR --commits COMMITS.json --pins v1.3.0rc20,v1.3.0rc23 \
+        --note NOTE.md --out tests/data/trtllm-release
 
-COMMITS.json maps each source path (tensorrt_llm/...) to the commit it was read at; the tree's README
-lists them.
+COMMITS.json maps each source path (tensorrt_llm/...) to the commit it was read at, either a string or
+{"commit": ..., "tags": [the pinned tags the file was read at]}; the tree's README lists them with, per pinned
+tag, whether the file was read at it, after NOTE.md (how the files were found and what could not be read).
 """
 
 from __future__ import annotations
@@ -129,8 +131,11 @@ def main() -> int:
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--commits", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pins", default="", help="the pinned tags, comma-separated")
+    parser.add_argument("--note", type=Path, help="markdown put before the table: where the files come from")
     args = parser.parse_args()
-    commits: dict[str, str] = json.loads(args.commits.read_text())
+    commits: dict[str, str | dict] = json.loads(args.commits.read_text())
+    pins = [tag for tag in args.pins.split(",") if tag]
     packages = FRAMEWORK_PACKAGES[args.backend]
     backends = ROOT / "src" / "opcollect" / "backends"
     uses = runner_uses(backends / args.backend, packages, ROOT)
@@ -146,7 +151,8 @@ def main() -> int:
     rows = []
     for module in sorted(release.read):
         path = release.module_file(module)
-        commit = commits.get(path)
+        entry = commits.get(path)
+        commit, tags = (entry.get("commit"), entry.get("tags", [])) if isinstance(entry, dict) else (entry, [])
         if commit is None:
             print(f"{args.commits}: no commit for {path}", file=sys.stderr)
             return 1
@@ -154,7 +160,7 @@ def main() -> int:
         target = args.out / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(skeleton(release.files[path], header))
-        rows.append(f"| `{path}` | `{commit}` |")
+        rows.append(f"| `{path}` | `{commit}` |" + "".join(" yes |" if tag in tags else " no |" for tag in pins))
     readme = [
         f"# {args.backend} API skeleton for the contract test",
         "",
@@ -162,8 +168,9 @@ def main() -> int:
         "contract check reads for the runners' uses, each reduced to imports, names and parameter lists (no",
         "bodies, defaults or annotations). tests/test_contract_trtllm.py checks the runners against it.",
         "",
-        "| file | commit read |",
-        "|---|---|",
+        *([args.note.read_text().strip(), ""] if args.note else []),
+        "| file | commit read |" + "".join(f" read at {tag} |" for tag in pins),
+        "|---|---|" + "---|" * len(pins),
         *rows,
         "",
     ]

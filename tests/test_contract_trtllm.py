@@ -1,7 +1,11 @@
 """`opcollect contract trtllm` without a wheel: the TensorRT-LLM runners against the API skeleton of the source
-files they import (tests/data/trtllm-release, assembled by scripts/contract_tree.py; see its README), a copy of
-it doctored to lose a symbol and a parameter the runners use, the same tree copied out of a local image through
-the Docker engine (--image), and the refusal when no release is given."""
+files they import (tests/data/trtllm-release, assembled by scripts/contract_tree.py), a copy of it doctored to
+lose a symbol and a parameter the runners use, the same tree copied out of a local image through the Docker
+engine (--image), and the refusal when no release is given.
+
+The skeleton's files are copies from commits of no known tag (its README says, per file and per pinned tag, that
+none could be read at a pin, and why), so these tests hold the runners to a plausible TensorRT-LLM API and the
+checker's mechanics, not to the pins: at a pin, the check is `contract trtllm --image` and the preflight."""
 
 from __future__ import annotations
 
@@ -100,3 +104,16 @@ def test_image_sources_are_copied_out_through_the_docker_engine(source_image, do
     assert not docker_client.containers.list(all=True, filters={"label": f"{CONTAINER_LABEL}=contract"})
     absent = run_cli("contract", "trtllm", "--image", "opcollect-test/absent:none")
     assert absent.returncode == 2 and "is not present locally; pull it" in absent.stderr
+
+
+def test_the_skeleton_says_per_file_whether_it_was_read_at_each_pin():
+    from opcollect.images.pins import load_pins
+
+    tags = [f"v{version}" for version in load_pins(ROOT / "pins.yaml").backends["trtllm"].versions]
+    readme = (TREE / "README.md").read_text()
+    header = next(line for line in readme.splitlines() if line.startswith("| file |"))
+    assert all(f"read at {tag}" in header for tag in tags)
+    rows = {line.split("`")[1]: line for line in readme.splitlines() if line.startswith("| `")}
+    files = {str(p.relative_to(TREE)) for p in TREE.rglob("*.py")}
+    assert set(rows) == files
+    assert all(row.rstrip().endswith("|" + " no |" * len(tags)) or " yes |" in row for row in rows.values())
