@@ -180,7 +180,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.attention import Attention
 
-    from opcollect.backends.vllm.context import vllm_context
+    from opcollect.backends.vllm.context import serve_batch, vllm_context
 
     dtype = torch.bfloat16 if case.attn_dtype == "bfloat16" else torch.float16
     cache_dtype = CACHE_DTYPE[case.kv_cache_dtype]
@@ -188,6 +188,8 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     name = "opcollect.attn"  # each prepare has a fresh VllmConfig, so its own static_forward_context
     with vllm_context(device) as config:
         query_len, seq_len = lengths(case, context)
+        # batch limits, CUDA-graph sizes and eager kernels as served, before the layer and its builder read them
+        serve_batch(config, case.batch_size, case.batch_size * query_len)
         model_stand_in_for(config, h, kvh, d, max_model_len=seq_len)
         config.model_config.dtype = dtype
         config.cache_config.cache_dtype = cache_dtype

@@ -20,6 +20,15 @@ from typing import Iterator
 
 _initialised: set[str] = set()  # devices whose process already joined its one-rank world
 
+# serving's batch limits where `vllm serve` picks them on a GPU of at least 70 GiB that is no A100 (H100, H200,
+# B200): engine/arg_utils.py:2404-2412 (OPENAI_API_SERVER)
+SERVING_MAX_NUM_SEQS = 1024  # verified_on: vllm==0.24.0
+SERVING_MAX_NUM_BATCHED_TOKENS = 8192
+# the IR-op priority the CUDA platform sets when vLLM does not compile: its C kernels, then native
+# (platforms/cuda.py:688-703); the reference collector installs vllm_c too (collector/vllm/utils.py
+# enable_engine_fused_ops). Compiled serving fuses the native norm into Inductor kernels instead
+EAGER_IR_PRIORITY = ("vllm_c", "native")  # verified_on: vllm==0.24.0
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -70,3 +79,59 @@ def vllm_context(device: str, quant_config=None, max_num_batched_tokens: int | N
         config.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
     with set_current_vllm_config(config, check_compile=False):
         yield config
+
+
+def serving_capture_sizes(
+    max_num_seqs: int = SERVING_MAX_NUM_SEQS, max_num_batched_tokens: int = SERVING_MAX_NUM_BATCHED_TOKENS
+) -> tuple[int, ...]:
+    """The CUDA-graph batch sizes vLLM captures by default for these limits (config/vllm.py:1685-1741: balanced
+    performance mode, no speculative decoding): 1, 2, 4, every 8 below 256, every 16 up to the largest size."""
+    largest = min(max_num_seqs * 2, 512, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4) if s <= largest}
+    if largest >= 8:
+        sizes.update(range(8, min(largest + 1, 256), 8))
+    if largest >= 256:
+        sizes.update(range(256, largest + 1, 16))
+    if max_num_batched_tokens <= largest:
+        sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
+def serve_batch(config, batch_size: int, num_tokens: int) -> None:
+    """Give ``config`` a served engine's sizes for a batch of ``batch_size`` sequences and ``num_tokens`` tokens,
+    and the kernels an engine runs without compiling. Call it before building the layer and its metadata builder.
+
+    - max_num_seqs: serving's, raised to the batch. VllmConfig() keeps 128 (config/scheduler.py:44), and the
+      builders size persistent buffers from it: FA3's scheduler_metadata (v1/attention/backends/flash_attn.py:
+      372-393, filled at :563-567), FLASH_ATTN_MLA's and FLASHMLA's, which assert on it (mla/flashattn_mla.py:
+      236-243, mla/flashmla.py:190-199), FlashInfer's paged_kv_indptr (flashinfer.py:725-730, 900-906). The
+      reference collector sets max_num_seqs=batch_size; at or under 1024 this is serving's config exactly.
+    - max_num_batched_tokens: serving's, raised to the batch's tokens.
+    - CUDA-graph capture sizes: serving's (serving_capture_sizes, largest 512). VllmConfig() without a model
+      captures none, largest 0 (config/vllm.py:1680, 1795-1797), so FA3 and FLASH_ATTN_MLA would take FA3's own
+      split heuristic and TRITON_ATTN would assert on the empty list (triton_attn.py:138-140); with
+      serving's, a batch of at most 512 tokens gets serving's cap of 32 splits (flash_attn.py:448-458,
+      config/attention.py:30; mla/flashattn_mla.py:211-221), a larger one the heuristic, as in serving.
+    - custom ops all on and the RMSNorm IR ops on vLLM's C kernels (EAGER_IR_PRIORITY), installed as the worker
+      installs them (v1/worker/worker_base.py:93-96). VllmConfig() under O2 turns custom ops off ("none",
+      config/vllm.py:1148-1155) for Inductor to fuse the native code, and the IR ops stay native: run eagerly,
+      as here, rope, norms and fp8 quant would be chains of small torch kernels. The reference collector sets
+      custom_ops=["all"] and vllm_c norms (collector/vllm/utils.py create_vllm_config, enable_engine_fused_ops).
+      Serving compiles these into Inductor kernels, fused with their neighbours: rows err a little high there.
+      verified_on: vllm==0.24.0
+    """
+    from vllm.config.kernel import IrOpPriorityConfig
+    from vllm.ir import set_default_torch_wrap
+
+    scheduler = config.scheduler_config
+    scheduler.max_num_batched_tokens = max(num_tokens, batch_size, SERVING_MAX_NUM_BATCHED_TOKENS)
+    scheduler.max_num_seqs = max(batch_size, SERVING_MAX_NUM_SEQS)
+    compilation = config.compilation_config
+    sizes = serving_capture_sizes()
+    compilation.cudagraph_capture_sizes = list(sizes)
+    compilation.max_cudagraph_capture_size = sizes[-1]
+    # "+op"/"-op" entries (block fp8's "+quant_fp8", config/vllm.py:1129-1131) stay; "all" replaces "none"
+    compilation.custom_ops = ["all", *(op for op in compilation.custom_ops if op not in ("all", "none"))]
+    config.kernel_config.ir_op_priority = IrOpPriorityConfig.with_default(list(EAGER_IR_PRIORITY))
+    config.kernel_config.ir_op_priority.set_default()
+    set_default_torch_wrap(compilation.ir_enable_torch_wrap)

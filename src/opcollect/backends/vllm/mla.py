@@ -5,6 +5,8 @@ model_executor/models/deepseek_v2.py:887-1093) is built under the current VllmCo
 dtype, its weights are filled with random values and post-processed as the model loader does
 (model_executor/model_loader/utils.py:100-127: each linear's quant method, then MLAAttention's W_UK_T/W_UV), a latent
 KV cache is bound to its MLAAttention, and each call runs module(positions, hidden_states) under set_forward_context.
+The config is serving's for the batch (context.serve_batch): custom ops on, so rope runs FlashInfer's kernel
+(rotary_embedding/deepseek_scaling_rope.py:61-67, 216-225) and the norms vLLM's C kernel, not torch chains.
 
 kernel_source is read from what vLLM chose, as the reference collector names it (collect_mla_module.py:286-300): the
 MLA backend's get_name() when the batch has no prefill part, else the prefill backend's (MLAAttention.prefill_backend,
@@ -184,7 +186,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLAAttention
 
     from opcollect.backends.vllm.attention import allocate_cache, common_metadata
-    from opcollect.backends.vllm.context import vllm_context
+    from opcollect.backends.vllm.context import serve_batch, vllm_context
 
     # tp_size labels the model's sharding; the module is built at one rank with the case's per-rank heads
     dtype = torch.bfloat16
@@ -198,6 +200,9 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     )
     with vllm_context(device, quant_config=quant) as config:
         query_len, seq_len = lengths(case, context)
+        # batch limits, CUDA-graph sizes and eager kernels as served (custom rope and fp8 quant, RMSNorm's C kernel),
+        # before the module and the MLA builder read them
+        serve_batch(config, case.batch_size, case.batch_size * query_len)
         config.model_config.hf_text_config = hf_config()
         config.model_config.get_num_attention_heads = lambda parallel_config=None: case.num_heads
         config.model_config.get_num_kv_heads = lambda parallel_config=None: 1
