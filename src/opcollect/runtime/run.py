@@ -19,6 +19,7 @@ from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.harness import TimingConfig
 from opcollect.runtime.planfile import PlanFile, read_plan
 from opcollect.runtime.pool import Pool, Task
+from opcollect.runtime.preflight import preflight
 from opcollect.runtime.progress import Progress
 from opcollect.runtime.rundir import prepare_run_dir, recorded
 from opcollect.runtime.shards import ShardWriter
@@ -89,6 +90,8 @@ def check_collector(plan_path: Path, plan: PlanFile) -> None:
 def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     plan = read_plan(plan_path)
     check_collector(plan_path, plan)
+    # the installed framework has what every runner uses, or the run stops here: before a run directory or a device
+    preflight(plan.backend)
     run_dir = Path(run_dir)
     # the run directory exists before the backend loads: a run killed at any point can be resumed
     before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
