@@ -26,7 +26,7 @@ def test_balanced_routing_spreads_evenly_and_power_law_skews():
     counts, tokens = moe.local_routes(moe_case("balanced"))
     assert counts == [16] * 16 and sorted(tokens.tolist()) == sorted(t for t in range(64) for _ in range(4))
     skewed, _ = moe.local_routes(moe_case("power_law_1.2"))
-    assert sum(skewed) == 256 and skewed[0] > skewed[-1] and skewed[0] > 16
+    assert sum(skewed) == 256 and max(skewed) > 2 * 16  # the hottest expert well above the balanced 16
     assert moe.local_routes(moe_case("power_law_1.2"))[0] == skewed  # deterministic
 
 

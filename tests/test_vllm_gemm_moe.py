@@ -158,8 +158,8 @@ def test_router_logits_pick_the_distribution_experts(dist):
     counts = torch.bincount(chosen.flatten(), minlength=16)
     if dist == "balanced":
         assert counts.tolist() == [16] * 16
-    else:
-        assert counts[0] > counts[-1]
+    else:  # skewed: the hottest expert well above the balanced 16 (which expert is hot is drawn, not by index)
+        assert counts.max() > 2 * 16
 
 
 def test_moe_label_matches_the_planner_and_prepare_refuses_first():

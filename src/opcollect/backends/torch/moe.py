@@ -1,8 +1,8 @@
 """A MoE layer's expert work on one rank: routed tokens through gate_up, SiLU-and-mul, down, combine.
 
 Rank 0 of the EP group owns experts [0, num_experts / ep); it holds inter_size / tp of each. Routing
-follows the case's distribution (balanced, or power law with exponent 1.01 or 1.2), drawn with a fixed
-seed so every run routes the same tokens.
+follows the case's distribution (balanced, or power law with exponent 1.01 or 1.2) as the reference collector
+draws it, seeded from the case so every run routes the same tokens (opcollect.backends.torch.routing).
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ def local_shape(case) -> tuple[int, int]:
     return case.num_experts // case.moe_ep_size, case.inter_size // case.moe_tp_size
 
 
-def routing(case):
-    """(tokens x topk) expert ids for the whole batch, deterministic per case."""
-    import torch
+def routing(case, device=None):
+    """[num_tokens, topk] int64 expert ids for the whole batch, deterministic per case; every backend routes with
+    it. Drawn on the CPU whatever the default device (callers build inside ``torch.device(...)``), then moved to
+    ``device`` when one is given."""
+    from opcollect.backends.torch.routing import expert_ids
 
-    tokens, topk, experts = case.num_tokens, case.topk, case.num_experts
-    if case.distribution == "balanced":
-        flat = torch.arange(tokens * topk) % experts
-        return flat.view(tokens, topk)
-    alpha = float(case.distribution.rsplit("_", 1)[1])
-    weights = torch.arange(1, experts + 1, dtype=torch.float64).pow(-alpha)
-    gen = torch.Generator().manual_seed(0)
-    return torch.multinomial(weights.expand(tokens, experts), topk, replacement=False, generator=gen)
+    ids = expert_ids(case)
+    return ids if device is None else ids.to(device)
 
 
 def local_routes(case):
@@ -35,7 +31,7 @@ def local_routes(case):
 
     local, _ = local_shape(case)
     ids = routing(case).flatten()
-    tokens = torch.arange(ids.numel()) // case.topk
+    tokens = torch.arange(ids.numel(), device=ids.device) // case.topk
     mine = ids < local
     order = torch.sort(ids[mine], stable=True).indices
     return torch.bincount(ids[mine], minlength=local).tolist(), tokens[mine][order]
