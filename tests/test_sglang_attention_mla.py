@@ -115,3 +115,26 @@ def test_absorb_weights_layout():
     assert tuple(mla.absorb_bmm(x, w_kc, None).shape) == (3, 4, 512)
     _, _, fp8_scale = mla.absorb_weights(4, True, "cpu")
     assert fp8_scale.dtype == torch.float32
+
+
+def test_mla_call_times_the_attention_alone(monkeypatch):
+    """The absorb BMMs run once per copy when the inputs are built; the timed call is the attention alone (the
+    reference times them as their own op, mla_bmm_perf)."""
+    torch = pytest.importorskip("torch")
+    w_kc, _, scale = mla.absorb_weights(4, False, "cpu")
+    raw = [tuple(torch.rand(3, *shape, dtype=torch.bfloat16) for shape in ((4, 128), (4, 64), (1, 512), (1, 64)))
+           for _ in range(2)]  # fmt: skip
+    inputs = mla.attention_inputs(raw, w_kc, scale)
+    for (q, *rest), (q_nope, *raw_rest) in zip(inputs, raw):
+        assert torch.equal(q, mla.absorb_bmm(q_nope, w_kc, None)) and tuple(q.shape) == (3, 4, 512)
+        assert all(a is b for a, b in zip(rest, raw_rest))
+    assert mla.attention_inputs(raw, None, None)[0][0] is raw[0][0]  # trtllm_mla prefill: q_nope as it is
+
+    def no_bmm(*args):
+        raise AssertionError("a BMM ran inside the timed call")
+
+    monkeypatch.setattr(mla, "absorb_bmm", no_bmm)
+    seen = []
+    call = mla.rotating_call(lambda *args: seen.append(args), inputs)
+    call(), call(), call()
+    assert [args[0] is inputs[i][0] for args, i in zip(seen, (1, 0, 1))] == [True] * 3  # copies in turn

@@ -12,6 +12,7 @@ SGLang's own ``forward_context`` manager, which restores the previous one itself
 
 from __future__ import annotations
 
+import os
 import socket
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -20,6 +21,12 @@ from typing import Iterator
 _initialised: set[str] = set()  # devices whose process already joined its one-rank world
 _args_cache: dict[tuple, object] = {}  # ServerArgs per (device, fields): a runner re-enters the context per call
 MODEL_PATH = "dummy"  # ServerArgs.__post_init__ returns early for it (server_args.py:2485-2487): no checkpoint read
+# DeepGEMM's JIT would otherwise compile every M from 1 to 16384 on the first call of each (n, k) ("typically
+# 10-20 mins", layers/deep_gemm_wrapper/compile_utils.py:113-150), far past a case's timeout. SGLang reads the flag
+# once, into compile_utils._ENABLE_JIT_DEEPGEMM_PRECOMPILE when that module is imported (compile_utils.py:31, via
+# environ.py:553 envs.SGLANG_JIT_DEEPGEMM_PRECOMPILE), so both the variable and the module's copy are set. The
+# reference collector sets the variable to 0 before importing SGLang (collector/sglang/collect_gemm.py:19).
+DEEPGEMM_PRECOMPILE = "SGLANG_JIT_DEEPGEMM_PRECOMPILE"
 
 
 def _free_port() -> int:
@@ -88,9 +95,26 @@ def sglang_context(device: str, **server_args) -> Iterator[object]:
       server args as the scheduler does (managers/scheduler.py:752-756: initialize_moe_config,
       initialize_fp8_gemm_config, initialize_fp4_gemm_config, which resolve "auto" per SM there);
     - torch's default dtype, bf16 as the model loader sets it while layers are built
-      (model_loader/loader.py:756, set_default_torch_dtype).
+      (model_loader/loader.py:756, set_default_torch_dtype);
+    - DeepGEMM's JIT precompile switch, off: the SGLANG_JIT_DEEPGEMM_PRECOMPILE variable, set before SGLang is
+      imported here, and sglang.srt.layers.deep_gemm_wrapper.compile_utils._ENABLE_JIT_DEEPGEMM_PRECOMPILE.
     The one-rank world (init_world) is joined once and kept for the worker's life.
     """
+    precompile = os.environ.get(DEEPGEMM_PRECOMPILE)
+    os.environ[DEEPGEMM_PRECOMPILE] = "0"  # before the first import of compile_utils, which reads it
+    try:
+        with _installed(device, server_args) as args:
+            yield args
+    finally:
+        if precompile is None:
+            os.environ.pop(DEEPGEMM_PRECOMPILE, None)
+        else:
+            os.environ[DEEPGEMM_PRECOMPILE] = precompile
+
+
+@contextmanager
+def _installed(device: str, server_args: dict) -> Iterator[object]:
+    import sglang.srt.layers.deep_gemm_wrapper.compile_utils as deep_gemm_compile
     import sglang.srt.layers.moe.utils as moe_utils
     import sglang.srt.layers.quantization.fp4_utils as fp4_utils
     import sglang.srt.layers.quantization.fp8_utils as fp8_utils
@@ -109,10 +133,12 @@ def sglang_context(device: str, **server_args) -> Iterator[object]:
         (moe_utils, moe_names),
         (fp8_utils, ["FP8_GEMM_RUNNER_BACKEND"]),
         (fp4_utils, ["FP4_GEMM_RUNNER_BACKEND"]),
+        (deep_gemm_compile, ["_ENABLE_JIT_DEEPGEMM_PRECOMPILE"]),
     ]
     previous = [(module, {name: getattr(module, name) for name in names}) for module, names in saved]
     dtype = torch.get_default_dtype()
     try:
+        deep_gemm_compile._ENABLE_JIT_DEEPGEMM_PRECOMPILE = False  # imported earlier than this context, maybe
         set_global_server_args_for_scheduler(args)
         initialize_moe_config(args)
         initialize_fp8_gemm_config(args)
@@ -124,3 +150,15 @@ def sglang_context(device: str, **server_args) -> Iterator[object]:
         for module, values in previous:
             for name, value in values.items():
                 setattr(module, name, value)
+
+
+@contextmanager
+def rank_topology(**fields: int) -> Iterator[None]:
+    """Make SGLang's layers see the given parallel sizes and ranks (moe_ep_size, moe_tp_size, ...) while the one-rank
+    world stays what it is: SGLang's own get_parallel().override (runtime_context.py:86-100), which the MoE layer,
+    its dispatcher and quant methods read (layers/moe/fused_moe_triton/layer.py:197-200,
+    token_dispatcher/standard.py:90,112) and which restores the previous values on exit."""
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(**fields):
+        yield

@@ -1,15 +1,18 @@
 """DeepSeek-V3's MLA attention at one rank through SGLang 0.5.14's RadixAttention and its MLA backend, context and
-generation, with the absorb BMMs around it as DeepseekV2AttentionMLA runs them.
+generation: the attention call alone, on the inputs the absorb BMMs give it as DeepseekV2AttentionMLA runs them.
 
 Paths are relative to the wheel's sglang/srt/. The backend is what SGLang serves DeepSeek-V3 with: trtllm_mla on
 SM100/103 (server_args.py:3636-3650), else ServerArgs._get_default_attn_backend's MLA branch: fa3 on Hopper
 (server_args.py:4456-4459), triton elsewhere (:4471-4472). Its class is built over an MLATokenToKVPool (one latent
 entry of 512 + 64 per token) and a ReqToTokenPool sized for the case, with page size 64 for trtllm_mla
-(server_args.py:4541-4554) and 1 otherwise. Each call runs, as the absorbed path does
-(models/deepseek_common/attention_forward_methods/forward_mla.py:376-399, 520-536, 686-716): q_nope x W_UK (torch.bmm
-for bf16; per_tensor_quant_mla_fp8 + sgl_kernel.bmm_fp8 for an fp8 checkpoint), the attention with the latent KV
-written into the pool, and the output x W_UV. trtllm_mla's prefill is not absorbed (192-wide q/k, 128-wide v): the
-reference collector's setup (collect_mla.py), with no BMM.
+(server_args.py:4541-4554) and 1 otherwise. The absorbed path (models/deepseek_common/attention_forward_methods/
+forward_mla.py:376-399, 520-536, 686-716) runs q_nope x W_UK (torch.bmm for bf16; per_tensor_quant_mla_fp8 +
+sgl_kernel.bmm_fp8 for an fp8 checkpoint), the attention with the latent KV written into the pool, and the output x
+W_UV. Only the attention is timed, as the reference does (collector/sglang/collect_mla.py times the backend's
+forward alone; the BMMs are their own op, mla_bmm_perf from collect_mla_bmm.py, and the consumer adds BMM + MLA +
+BMM): q_nope x W_UK runs once per input copy when the case is prepared, so the timed call sees q in the layout and
+dtype the BMM leaves it, and the output BMM is not run. trtllm_mla's prefill is not absorbed (192-wide q/k, 128-wide
+v): the reference collector's setup (collect_mla.py), with no BMM.
 
 kernel_source is the backend class SGLang constructed, named as the plan names it: FlashAttentionBackend ->
 flash_attention (the reference's label for SGLang's fa3 MLA, collect_mla.py:434-437), TRTLLMMLABackend -> trtllm_mla,
@@ -199,9 +202,9 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
             backend.init_forward_metadata(batch)
         t = lay.num_tokens
         absorbed = qk_dim == LATENT
-        w_kc, w_vc, w_scale = absorb_weights(h, case.mla_dtype == "fp8", device)
+        w_kc, _, w_scale = absorb_weights(h, case.mla_dtype == "fp8", device)  # W_UV: the output BMM, not timed
         q_nope_dim = QK_NOPE_HEAD_DIM if absorbed else qk_dim - QK_ROPE_HEAD_DIM
-        inputs = [
+        raw = [
             (
                 random_tensor((t, h, q_nope_dim), torch.bfloat16, device, i),
                 random_tensor((t, h, QK_ROPE_HEAD_DIM), torch.bfloat16, device, 100 + i),
@@ -210,21 +213,33 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
             )
             for i in range(copies)
         ]
+        inputs = attention_inputs(raw, w_kc if absorbed else None, w_scale)
         extra = {}
         if name == "trtllm_mla":  # the fused rope + fp8 quant reads a float32 cos/sin cache (forward_mla.py:522-527)
             extra["cos_sin_cache"] = random_tensor((lay.seq_len, QK_ROPE_HEAD_DIM), torch.float32, device, 9)
+
+    def attend(q, q_rope, k_nope, k_rope) -> None:
+        with sglang_context(device, **server_args), forward_context(ForwardContext(attn_backend=backend)):
+            if name == "triton":  # triton takes q and k whole (forward_mla.py: q_rope/k_rope only for fa3/trtllm)
+                layer(torch.cat([q, q_rope], -1), torch.cat([k_nope, k_rope], -1), k_nope, batch)
+            else:
+                layer(q, k_nope, k_nope, batch, q_rope=q_rope, k_rope=k_rope, **extra)
+
+    return Prepared(rotating_call(attend, inputs), source)
+
+
+def attention_inputs(raw, w_kc, w_scale) -> list[tuple]:
+    """(q, q_rope, k_nope, k_rope) per copy: q is q_nope x W_UK (absorb_bmm, run here once, outside the timed call)
+    when ``w_kc`` is given, else q_nope as it is (trtllm_mla's unabsorbed prefill)."""
+    return [(q_nope if w_kc is None else absorb_bmm(q_nope, w_kc, w_scale), *rest) for q_nope, *rest in raw]
+
+
+def rotating_call(attend, inputs):
+    """The timed call: ``attend`` on the next copy's inputs, nothing else."""
     state = {"i": 0}
 
     def call() -> None:
-        i = state["i"] = (state["i"] + 1) % copies
-        q_nope, q_rope, k_nope, k_rope = inputs[i]
-        with sglang_context(device, **server_args), forward_context(ForwardContext(attn_backend=backend)):
-            q = absorb_bmm(q_nope, w_kc, w_scale) if absorbed else q_nope
-            if name == "triton":  # triton takes q and k whole (forward_mla.py: q_rope/k_rope only for fa3/trtllm)
-                out = layer(torch.cat([q, q_rope], -1), torch.cat([k_nope, k_rope], -1), k_nope, batch)
-            else:
-                out = layer(q, k_nope, k_nope, batch, q_rope=q_rope, k_rope=k_rope, **extra)
-            if absorbed:
-                absorb_bmm(out.view(t, h, KV_LORA_RANK), w_vc, w_scale)
+        i = state["i"] = (state["i"] + 1) % len(inputs)
+        attend(*inputs[i])
 
-    return Prepared(call, source)
+    return call

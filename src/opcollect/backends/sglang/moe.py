@@ -7,7 +7,11 @@ CompressedTensorsWNA16MoE with MARLIN hard-coded (compressed_tensors/compressed_
 schemes/compressed_tensors_wNa16_moe.py:412-416); w4a16_mxfp4 Mxfp4Config (quantization/mxfp4.py:243-249);
 nvfp4 ModelOptFp4Config. The runner backend is what server_args would set for the model (runner_backend below),
 installed through sglang_context; the label comes from the backend the built layer's runner holds.
-Routing: the case's distribution as the torch backend draws it (opcollect.backends.torch.moe.routing).
+The layer is one real EP rank, as serving builds it: FusedMoE is given the global expert count and inter size and
+reads moe_ep_size / moe_tp_size / rank 0 from get_parallel() (fused_moe_triton/layer.py:197-217), so it holds E/ep
+experts at inter/tp, the standard dispatcher maps other ranks' experts to -1 (token_dispatcher/standard.py:168-208)
+and the Triton runner filters them (moe_runner/triton.py:124-127). Routing: SGLang's TopK over router logits that
+pick the case's distribution as the torch backend draws it (moe_routing.py).
 """
 
 from __future__ import annotations
@@ -89,8 +93,10 @@ def footprint(case) -> int:
     return layout.weight_bytes + activations + routed * 8 + layout.tokens * case.num_experts * 4
 
 
-def runner_backend(case, sm_major: int, triton_kernels: bool = False) -> str:
-    """The --moe-runner-backend server_args would leave for this model (the runner reads it at layer build)."""
+def runner_backend(case, sm_major: int, triton_kernels: bool = False, quantization: str | None = None) -> str:
+    """The --moe-runner-backend server_args would leave for this model (the runner reads it at layer build).
+    ``quantization`` is the launch's --quantization: None for the checkpoints here, whose own quantization_config
+    names the format (server_args.py:3914-3934 reads the flag, not the checkpoint)."""
     dtype, sm100 = case.moe_dtype, sm_major == 10
     if dtype == "bfloat16" and _nemotron_h(case):  # apply_nemotron_h_defaults (arg_groups/nemotron_h_hook.py:36-58)
         return "flashinfer_trtllm" if sm100 else "flashinfer_cutlass"
@@ -105,23 +111,9 @@ def runner_backend(case, sm_major: int, triton_kernels: bool = False) -> str:
             return "flashinfer_mxfp4"  # gpt-oss (server_args.py:3876-3881)
         if sm_major == 12:
             return "marlin"  # server_args.py:3882-3887
-        if case.moe_ep_size == 1 and triton_kernels:
-            return "triton_kernel"  # gpt-oss with triton_kernels importable (server_args.py:3914-3934)
+        if case.moe_ep_size == 1 and triton_kernels and quantization is None:
+            return "triton_kernel"  # gpt-oss with triton_kernels available (server_args.py:3914-3934)
     return "auto"  # Triton for bf16 / fp8 (unquant.py:405-421, fp8.py:889-903); int4 Marlin; nvfp4 per SM
-
-
-def router_topk(case):
-    """(topk_weights fp32, topk_ids int32) of the case's distribution for rank 0: ids of experts other ranks own
-    are -1, as SGLang's standard dispatcher maps them for EP (layers/moe/token_dispatcher/standard.py:170-200)."""
-    import torch
-
-    from opcollect.backends.torch.moe import routing
-
-    ids = routing(case).to(torch.int32)
-    local = case.num_experts // case.moe_ep_size
-    ids = torch.where(ids < local, ids, torch.full_like(ids, -1))
-    weights = torch.full(ids.shape, 1.0 / case.topk, dtype=torch.float32)  # renormalised top-k of equal logits
-    return weights, ids
 
 
 def quant_config(dtype: str):
@@ -194,34 +186,48 @@ def kernel_name(layer, case, backend: str) -> str:
     return label
 
 
+QUANTIZATION = None  # the --quantization of the launch the runner stands in for (runner_backend)
+
+
+def sm_major(device: str) -> int:
+    import torch
+
+    return torch.cuda.get_device_capability(torch.device(device))[0]
+
+
 def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     layout = moe_layout(case)  # refuses splits and shapes before importing SGLang
-    import importlib.util
-
     import torch
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.utils import is_triton_kernels_available
 
-    from opcollect.backends.sglang.context import sglang_context
+    from opcollect.backends.sglang.context import rank_topology, sglang_context
+    from opcollect.backends.sglang.moe_routing import router_logits, router_spec, routing_kwargs, topk_layer, topk_timed
     from opcollect.runtime.timing import random_tensor
 
-    major = torch.cuda.get_device_capability(torch.device(device))[0]
-    backend = runner_backend(case, major, importlib.util.find_spec("triton_kernels") is not None)
+    backend = runner_backend(case, sm_major(device), is_triton_kernels_available(), QUANTIZATION)
     args = {"moe_runner_backend": backend}
-    # tp/ep at one rank: the layer holds rank 0's experts (E/ep) at the per-rank inter size (inter/tp) and is
-    # told ep = tp = 1, so no all-reduce / all-to-all runs: the rows are the experts' compute only, low by the
-    # communication serving adds (timed separately). The router GEMM and top-k are not timed (as the reference).
-    with sglang_context(device, **args), torch.device(device):
+    spec = router_spec(case)
+    # rank 0 of moe_tp x moe_ep, as serving sets it without attention DP: tp_size = moe_tp * moe_ep, moe_ep_size =
+    # ep_size (distributed/parallel_state.py initialize_model_parallel). reduce_results=False: no all-reduce runs,
+    # the rows are the experts' compute only, low by the communication serving adds (timed separately);
+    # verified_on: sglang==0.5.14
+    topology = dict(tp_size=case.moe_tp_size * case.moe_ep_size, moe_tp_size=case.moe_tp_size, moe_tp_rank=0,
+                    moe_ep_size=case.moe_ep_size, moe_ep_rank=0)  # fmt: skip
+    logits = router_logits(case).to(device)  # on the CPU first, outside any device context
+    with sglang_context(device, **args), rank_topology(**topology):
         qc = quant_config(case.moe_dtype)
         layers = []
         for i in range(copies):
             try:
-                layer = FusedMoE(num_experts=layout.local_experts, hidden_size=layout.hidden,
-                                 intermediate_size=layout.local_inter, layer_id=i, top_k=case.topk,
-                                 params_dtype=torch.bfloat16, reduce_results=False, quant_config=qc,
-                                 prefix=f"opcollect_moe_{i}", activation=layout.activation, is_gated=layout.is_gated,
-                                 with_bias=layout.with_bias, gemm1_alpha=layout.gemm1_alpha,
-                                 gemm1_clamp_limit=layout.gemm1_clamp_limit)  # fmt: skip
+                with torch.device(device):  # parameters on the device, as the model loader builds them
+                    layer = FusedMoE(num_experts=case.num_experts, hidden_size=layout.hidden,
+                                     intermediate_size=case.inter_size, layer_id=i, top_k=case.topk,
+                                     params_dtype=torch.bfloat16, reduce_results=False, quant_config=qc,
+                                     prefix=f"opcollect_moe_{i}", activation=layout.activation,
+                                     is_gated=layout.is_gated, with_bias=layout.with_bias,
+                                     gemm1_alpha=layout.gemm1_alpha, gemm1_clamp_limit=layout.gemm1_clamp_limit,
+                                     **routing_kwargs(spec))  # fmt: skip
             except (ValueError, AssertionError, NotImplementedError) as err:
                 raise KernelLimit(f"SGLang refuses {case.moe_dtype} experts for {case}: {err}") from err
             layer.eval()
@@ -231,15 +237,17 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
                 source = kernel_name(layer, case, backend)
             layer.quant_method.process_weights_after_loading(layer)
             layers.append(layer)
-        weights, ids = (t.to(device) for t in router_topk(case))
-        logits = torch.zeros(case.num_tokens, layout.local_experts, dtype=torch.float32)
-        topk = StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits)
+        topk = topk_layer(spec, case, layers[0], device)
         hidden = [random_tensor((case.num_tokens, layout.hidden), torch.bfloat16, device, i) for i in range(copies)]
+        timed = topk_timed(spec, case, source)
+        if not timed:  # the reference's raw Triton path at EP > 1 times prebuilt top-k outputs
+            with torch.no_grad():
+                routed = [topk(hidden[i], logits) for i in range(copies)]
     state = {"i": 0}
 
     def call() -> None:
         i = state["i"] = (state["i"] + 1) % copies
-        with sglang_context(device, **args), torch.no_grad():
-            layers[i](hidden[i], topk)
+        with sglang_context(device, **args), rank_topology(**topology), torch.no_grad():
+            layers[i](hidden[i], topk(hidden[i], logits) if timed else routed[i])
 
     return Prepared(call, source)
