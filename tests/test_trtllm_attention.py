@@ -180,3 +180,99 @@ def test_every_planned_case_builds(plans, sm, op):
     else:
         assert heads[192] == 0 and selection.dispatch.count("torch_flow_flashinfer") > 0
     assert kept == len(selection.values) - sum(refused.values()) > 0
+
+
+# ---- serving's cache window and a synced prepare() (issue 20 item 14), against stand-ins for tensorrt_llm
+
+
+def test_a_windowed_case_gives_the_cache_manager_its_window():
+    windowed = inputs.attention_layout(case(isl=1, step=999, window=128), context=False)
+    assert inputs.max_attention_window(windowed) == [128]
+    assert inputs.max_attention_window(inputs.attention_layout(case(), context=True)) is None
+
+
+def _fake_tensorrt_llm(monkeypatch, events: list, managers: list):
+    from types import SimpleNamespace
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+
+    class Metadata:
+        __dataclass_fields__ = {"workspace": None}
+
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def prepare(self):
+            events.append(("prepare", tuple(self.kwargs["request_ids"])))
+
+    class TrtllmAttention:
+        pass
+
+    TrtllmAttention.Metadata = Metadata
+    TrtllmAttention.support_fused_qkv = staticmethod(lambda: True)
+    TrtllmAttention.support_fused_rope = staticmethod(lambda: True)
+    TrtllmAttention.forward = lambda self, *args, **kwargs: events.append("forward")
+
+    class Manager:
+        def __init__(self, config, cache_type, **kwargs):
+            self.config, self.kwargs = config, kwargs
+            managers.append(self)
+
+        def add_dummy_requests(self, ids, tokens):
+            events.append(("add", tuple(ids)))
+
+        def shutdown(self):
+            events.append("shutdown")
+
+    record = lambda **kw: SimpleNamespace(**kw)  # noqa: E731
+    fake = {
+        "tensorrt_llm": SimpleNamespace(),
+        "tensorrt_llm._torch.attention_backend.interface": SimpleNamespace(
+            PositionalEmbeddingParams=record,
+            PositionEmbeddingType=SimpleNamespace(rope_gpt_neox="rope_gpt_neox"),
+            RopeParams=record,
+            AttentionRuntimeFeatures=record,
+        ),
+        "tensorrt_llm._torch.attention_backend.utils": SimpleNamespace(
+            create_attention=lambda **kw: TrtllmAttention(), get_attention_backend=lambda name: TrtllmAttention
+        ),
+        "tensorrt_llm._torch.pyexecutor.resource_manager": SimpleNamespace(
+            CacheTypeCpp=SimpleNamespace(SELF="SELF"),
+            DataType=SimpleNamespace(FP8="FP8", BF16="BF16"),
+            KvCacheConfig=record,
+            KVCacheManager=Manager,
+        ),
+        "tensorrt_llm._torch.metadata": SimpleNamespace(KVCacheParams=record),
+        "tensorrt_llm.models.modeling_utils": SimpleNamespace(QuantAlgo={"FP8": "FP8"}, QuantConfig=record),
+        "tensorrt_llm.mapping": SimpleNamespace(Mapping=record),
+    }
+    for name, module in fake.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.mark.parametrize("window, expected", [(0, None), (128, [128])])
+def test_prepare_syncs_after_each_metadata_and_passes_the_window(monkeypatch, window, expected):
+    pytest.importorskip("torch")
+    from opcollect.backends.trtllm import context
+
+    monkeypatch.setenv("TRTLLM_ENABLE_XQA_JIT", "1")
+    events, managers = [], []
+    _fake_tensorrt_llm(monkeypatch, events, managers)
+    c = case(batch=2, isl=1, step=300, window=window)
+    prepared = attention.prepare(c, "torch_flow", "cpu", copies=2, context=False)
+    (manager,) = managers
+    lay = inputs.attention_layout(c, context=False)
+    assert vars(manager.config) == {
+        "max_tokens": lay.pool_tokens(2),
+        "enable_block_reuse": False,
+        "max_attention_window": expected,
+    }
+    # each input set's prepare() is followed by a device sync before the next set is staged
+    prepares = [i for i, e in enumerate(events) if isinstance(e, tuple) and e[0] == "prepare"]
+    assert [events[i] for i in prepares] == [("prepare", (0, 1)), ("prepare", (2, 3))]
+    assert all(events[i + 1] == "sync" for i in prepares)
+    assert prepared.kernel_source == "torch_flow"
+    del prepared
+    context.release_pending()

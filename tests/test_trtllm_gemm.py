@@ -188,3 +188,55 @@ def test_checkpoint_tensors_match_the_layout_on_the_cpu():
     int8_linear = SimpleNamespace(weight=torch.empty(1, dtype=torch.int8))
     fp4 = gemm._checkpoint(gemm.gemm_layout(GemmCase("nvfp4", 2, 64, 256)), int8_linear, "cpu", 0)
     assert fp4["weight"].dtype == torch.int8 and (fp4["weight_scale"].float() == 1).all()
+
+
+class _Built(Exception):
+    """Raised by the stand-in Linear: prepare got past its refusals and started building."""
+
+
+def _fake_release(monkeypatch, sm: int, max_sm: int) -> list:
+    built = []
+
+    def linear(**kwargs):
+        built.append(kwargs)
+        raise _Built
+
+    fake = {
+        "tensorrt_llm": SimpleNamespace(),
+        "tensorrt_llm._torch.modules.linear": SimpleNamespace(Linear=linear),
+        "tensorrt_llm._utils": SimpleNamespace(get_sm_version=lambda: sm, is_sm_100f=lambda: sm in (100, 103)),
+        "tensorrt_llm._torch.custom_ops.torch_custom_ops": SimpleNamespace(
+            FinegrainedMixedDtypeGemm=SimpleNamespace(MAX_SUPPORTED_SM_VERSION=max_sm)
+        ),
+        "tensorrt_llm.models.modeling_utils": SimpleNamespace(
+            QuantAlgo={"W4A16_AWQ": "W4A16_AWQ", "FP8": "FP8"}, QuantConfig=lambda **kw: SimpleNamespace(**kw)
+        ),
+    }
+    for name, module in fake.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return built
+
+
+def test_int4_above_the_mixed_gemm_sm_limit_is_a_kernel_limit_read_at_run_time(monkeypatch):
+    pytest.importorskip("torch")
+    int4 = GemmCase("int4_wo", 4, 64, 256)
+    built = _fake_release(monkeypatch, sm=100, max_sm=90)
+    with pytest.raises(KernelLimit, match="runs up to SM90, this GPU is SM100"):
+        gemm.prepare(int4, "torch_flow", "cpu", 1)
+    assert built == []  # refused before any weight is built
+    # the same GPU under a release whose kernel serves it: the limit is the installed class's, not a table's
+    built = _fake_release(monkeypatch, sm=100, max_sm=103)
+    with pytest.raises(_Built):
+        gemm.prepare(int4, "torch_flow", "cpu", 1)
+    assert len(built) == 1
+    # other dtypes never ask the W4A16 kernel
+    built = _fake_release(monkeypatch, sm=120, max_sm=90)
+    with pytest.raises(_Built):
+        gemm.prepare(GemmCase("fp8", 4, 64, 256), "torch_flow", "cpu", 1)
+
+
+def test_mixed_gemm_sm_limit_by_hand():
+    gemm.check_mixed_gemm_sm(90, 90)
+    gemm.check_mixed_gemm_sm(89, 103)
+    with pytest.raises(KernelLimit, match="SM103, this GPU is SM120"):
+        gemm.check_mixed_gemm_sm(120, 103)

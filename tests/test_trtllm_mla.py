@@ -333,3 +333,32 @@ def test_backends_are_built_as_mla_builds_its_mha_and_mqa(monkeypatch):
     assert ctx["quant_config"].kv_cache_quant_algo == "FP8"  # only the cache is quantized
     assert not hasattr(ctx["quant_config"], "quant_algo")
     assert vars(gen["quant_config"]) == {}
+
+
+def test_mla_metadata_is_synced_after_prepare(monkeypatch):
+    """attention_metadata's prepare() is followed by a device sync (context.prepare_metadata: the cache manager stages
+    block offsets in one shared pinned buffer), against stand-ins for the two tensorrt_llm modules it imports."""
+    torch = pytest.importorskip("torch")
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+
+    class Metadata:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def prepare(self):
+            events.append("prepare")
+
+    record = lambda **kw: SimpleNamespace(**kw)  # noqa: E731
+    for name, module in {
+        "tensorrt_llm": SimpleNamespace(),
+        "tensorrt_llm._torch.metadata": SimpleNamespace(KVCacheParams=record),
+        "tensorrt_llm.mapping": SimpleNamespace(Mapping=record),
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    layout = mla_inputs.kv_layout(kcase(), context=True, tokens_per_block=64, copies=2)
+    backend = SimpleNamespace(Metadata=Metadata)
+    first = mla_inputs.attention_metadata(backend, "manager", layout, 0, True, False)
+    mla_inputs.attention_metadata(backend, "manager", layout, 1, True, False)
+    assert events == ["prepare", "sync", "prepare", "sync"]
+    assert isinstance(first, Metadata) and first.kwargs["kv_cache_manager"] == "manager"

@@ -254,3 +254,41 @@ def test_checkpoint_gives_every_local_expert_one_shared_set():
     assert weights["1.w1.weight"] is weights["0.w1.weight"] and weights["0.w1.weight"].shape == (512, 128)
     assert weights["0.w2.weight_scale"].shape == (256, 16) and (weights["0.w2.weight_scale"] == 127).all()
     assert weights["0.w3.weight"].dtype == torch.uint8 and weights["0.w3.weight"].unique().numel() > 200
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_block", "bfloat16"])
+def test_create_moe_gets_servings_bf16_model_dtype(monkeypatch, dtype):
+    """Serving's models hand create_moe the checkpoint config's torch_dtype, bf16 for fp8 and block-fp8 checkpoints;
+    the reference collector passes float8_e4m3fn for those two (the difference moe.py records)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    got = []
+
+    class Built(Exception):
+        pass
+
+    def create_moe(**kwargs):
+        got.append(kwargs)
+        raise Built
+
+    record = lambda *a, **kw: SimpleNamespace(args=a, **kw)  # noqa: E731
+    for name, module in {
+        "tensorrt_llm": SimpleNamespace(),
+        "tensorrt_llm._torch.model_config": SimpleNamespace(ModelConfig=record),
+        "tensorrt_llm._torch.modules.fused_moe.create_moe": SimpleNamespace(
+            ActivationType=SimpleNamespace(Swiglu="swiglu", Relu2="relu2"), create_moe=create_moe
+        ),
+        "tensorrt_llm._torch.modules.fused_moe.routing": SimpleNamespace(RenormalizeMoeRoutingMethod=record),
+        "tensorrt_llm.models.modeling_utils": SimpleNamespace(
+            QuantAlgo=CLASSES | {"FP8": "FP8", "FP8_BLOCK_SCALES": "FP8_BLOCK_SCALES"}, QuantConfig=record
+        ),
+        "tensorrt_llm.mapping": SimpleNamespace(Mapping=lambda **kw: SimpleNamespace(**kw)),
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    c = case(dtype, hidden=512)
+    with pytest.raises(Built):
+        moe.build(c, moe_layout(c, choose_backend(c, 90)), "cpu", 90, 0)
+    (kwargs,) = got
+    assert kwargs["dtype"] is torch.bfloat16
+    assert kwargs["model_config"].pretrained_config.torch_dtype is torch.bfloat16

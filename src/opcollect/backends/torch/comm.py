@@ -15,7 +15,6 @@ import os
 import queue as queue_module
 import socket
 import time
-from dataclasses import dataclass
 from functools import partial
 
 from opcollect.runtime.contract import KernelLimit, Measured
@@ -192,11 +191,6 @@ def _time_one(case: dict, device: str, cuda: bool, config: TimingConfig, dist, t
 
 
 # ---- shared by the frameworks' own all-reduce runners (backends/vllm/allreduce.py, backends/sglang/allreduce.py)
-
-
-@dataclass(frozen=True)
-class AllreduceMeasured(Measured):
-    communicator: str = ""  # what the framework's all-reduce ran (its communicator)
 
 
 def all_reduce_input(case: dict, device: str):

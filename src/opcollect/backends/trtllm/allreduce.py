@@ -24,10 +24,21 @@ side (init_pg, communicator.py:1015-1016).
 As the reference (collector/network/collect_all_reduce.py:110-265): AllReduce(mapping) with the AUTO strategy,
 the allreduce autotuner off (TLLM_DISABLE_ALLREDUCE_AUTOTUNE=1, :121-125; with MPI off ops.py:880 skips it anyway),
 a dry run outside the graph (:173), then all-reduces captured into one CUDA graph and timed by replays
-(:176-180). Under AUTO the C++ op picks one-shot / two-shot Lamport kernels or NCCL per size (allreduceOp.cpp,
-not visible from Python). The reference reaches NCCL through TensorRT-LLM's MPI communicator, this runner through
-the torch ProcessGroup, as Ray serving does; the custom kernels are the same.
-kernel_source TRTLLM (reference :262), derived from the AllReduce object built (kernel_label).
+(:176-180). Under AUTO the C++ op picks, per call, one-shot or two-shot Lamport kernels or NCCL
+(allreduceOp.cpp AllreduceOp::selectImplementation: NCCL past the workspace or without NVLink, else
+customAllReduceUtils' lookup table), which Python cannot ask: the dry run is profiled and the kernels it launched
+name what ran (strategy_ran: ONESHOT, TWOSHOT, NCCL, ...). The reference reaches NCCL through TensorRT-LLM's MPI
+communicator, this runner through the torch ProcessGroup, as Ray serving does; the custom kernels are the same,
+but the ProcessGroup path of runNCCLAllReduce clones the input before the in-place NCCL all-reduce
+(allreduceOp.cpp), one device copy of the message per call that the MPI path's out-of-place ncclAllReduce has not.
+kernel_source TRTLLM (reference :262, its ``implementation`` column "trtllm"), derived from the AllReduce object
+built (kernel_label); what ran comes back as Measured.ran, e.g. "allreduce_pg:AUTO->ONESHOT".
+
+Before any rank starts, allreduce_preflight.check_installed proves against the installed package's sources that
+the MPI-free start still applies (MPI switch, TorchDist.setup_local_comm, AllReduce's allreduce_pg path), and each
+rank checks the objects it built (allreduce_preflight.world_problems, allreduce_problem); either refuses the row as
+a KernelLimit. When the CUDA-graph capture fails on any rank, every rank times eager calls instead (timing
+"eager"), and the communicator says why.
 """
 
 from __future__ import annotations
@@ -38,15 +49,15 @@ from functools import partial
 from types import SimpleNamespace
 
 from opcollect.backends.torch.comm import (
-    AllreduceMeasured,
     all_reduce_input,
     case_bytes,
     run_all_reduce_row,
     serve_rank,
     time_all_reduce,
 )
+from opcollect.backends.trtllm import allreduce_preflight as preflight
 from opcollect.backends.trtllm.context import SERVED_VERSIONS
-from opcollect.runtime.contract import Measured, Runner
+from opcollect.runtime.contract import KernelLimit, Measured, Runner
 from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.harness import TimingConfig
 
@@ -59,6 +70,17 @@ FUSION_WORKSPACE = 64 * MiB
 IPC_ALIGN = 2 * MiB  # _ipc_utils.py open_ipc_memory rounds every cudaMalloc up to 1 << 21
 LAMPORT_BUFFERS = 3  # allocate_allreduce_fusion_workspace: 3 Lamport buffers of size * tp_size
 LAMPORT_BARRIER_BYTES = 256  # its barrier buffer: 256 bytes per rank
+# what the kernels the AllReduce launched say it ran (allReduceFusionKernels.cu allreduce_fusion_kernel_oneshot_lamport
+# / allreduce_fusion_kernel_twoshot_sync for ONESHOT, TWOSHOT and MIN_LATENCY; NCCL's ncclDevKernel_* for NCCL and
+# NCCL_SYMMETRIC, which take the same torch ProcessGroup path when MPI is off; customLowPrecisionAllReduce; MNNVL's)
+RAN_KERNELS = (
+    ("ONESHOT", "oneshot"),
+    ("TWOSHOT", "twoshot"),
+    ("LOWPRECISION", "lowprecision"),
+    ("MNNVL", "mnnvl"),
+    ("NCCL", "nccl"),
+)
+KERNEL_LIMIT_PREFIX = "KernelLimit: "  # how serve_rank reports a rank's KernelLimit to the parent
 
 _WORLD: dict = {}  # this rank's Mapping and gloo group, set by _init_world
 
@@ -102,16 +124,42 @@ def communicator_used(allreduce) -> str:
     return f"{op}:{getattr(allreduce.strategy, 'name', allreduce.strategy)}"
 
 
+def strategy_ran(kernel_names) -> str:
+    """What AUTO resolved to, from the names of the kernels one all-reduce launched: the RAN_KERNELS labels found
+    ('+'-joined), 'none' when nothing ran, else 'unknown:<first kernel>'."""
+    lowered = [name.lower() for name in kernel_names]
+    found = [label for label, needle in RAN_KERNELS if any(needle in name for name in lowered)]
+    if found:
+        return "+".join(found)
+    return f"unknown:{sorted(kernel_names)[0][:60]}" if kernel_names else "none"
+
+
+def describe(built: str, ran: str, eager_reason: str = "") -> str:
+    """Measured.ran: the op and strategy built, what its kernels ran, and why the timing is eager."""
+    text = f"{built}->{ran}"
+    return f"{text}; eager: {eager_reason}" if eager_reason else text
+
+
 def measure_row(cases: list, device: str, config: TimingConfig) -> list[Measured]:
-    return run_all_reduce_row(cases, device, config, _rank_main, "TensorRT-LLM", KERNEL_SOURCES, RANK_START_SECONDS)
+    if device.startswith("cuda"):
+        preflight.check_installed()  # before any rank starts: the MPI-free start still applies to this release
+    try:
+        return run_all_reduce_row(cases, device, config, _rank_main, "TensorRT-LLM", KERNEL_SOURCES, RANK_START_SECONDS)
+    except RuntimeError as exc:  # a rank's refusal comes back as its message
+        text = str(exc)
+        if text.startswith(KERNEL_LIMIT_PREFIX):
+            raise KernelLimit(text[len(KERNEL_LIMIT_PREFIX) :]) from None
+        raise
 
 
 def _one_node_local_comm(self) -> None:
     """TorchDist.setup_local_comm for one machine: every rank is node-local, one group of all of them with the
-    backends setup_local_comm gives it (communicator.py:1099-1116), without asking Ray for node addresses."""
+    backends setup_local_comm gives it (communicator.py:1099-1116), without asking Ray for node addresses. The
+    group is kept in _WORLD so the rank can check that TorchDist took it (allreduce_preflight.world_problems)."""
     import torch.distributed as dist
 
     self.local_comm = dist.new_group(ranks=list(range(dist.get_world_size())), backend="cuda:nccl,cpu:gloo")
+    _WORLD["local_comm"] = self.local_comm
 
 
 def _init_world(rank: int, world: int, port: int) -> None:
@@ -131,6 +179,7 @@ def _init_world(rank: int, world: int, port: int) -> None:
         backend="cuda:nccl,cpu:gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank
     )
     from tensorrt_llm._torch.distributed.communicator import TorchDist
+    from tensorrt_llm._utils import mpi_disabled
     from tensorrt_llm.mapping import Mapping
 
     mapping = Mapping(world_size=world, rank=rank, gpus_per_node=world, tp_size=world)  # reference :143
@@ -140,6 +189,10 @@ def _init_world(rank: int, world: int, port: int) -> None:
     get = getattr(TorchDist, "get", None)
     _WORLD.update(mapping=mapping, comm=get(mapping) if get is not None else TorchDist(mapping))
     _WORLD["cpu_group"] = dist.new_group(backend="gloo")  # our timing agreement, off the NCCL streams
+    # every rank checks alike, so every rank refuses together (rank 0 reports it)
+    found = preflight.world_problems(mpi_disabled(), _WORLD["comm"], _WORLD.get("local_comm"), mapping)
+    if found:
+        raise KernelLimit(f"TensorRT-LLM's all-reduce without MPI: {'; '.join(found)}")
 
 
 def _rank_main(rank, world, port, payload, config, results, parent_pid) -> None:
@@ -171,26 +224,77 @@ def _capture(allreduce, x, calls: int):
     return graph
 
 
-def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
+def _run_profiled(call) -> list[str] | None:
+    """Run ``call()`` once, under torch's profiler where it starts, and return the names of the CUDA kernels it
+    launched (None: the profiler did not start or stop). ``call`` runs exactly once either way: it is a collective,
+    and every rank must make the same calls."""
     import torch
+
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CUDA])
+        prof.start()
+    except Exception:
+        prof = None
+    call()
+    torch.cuda.synchronize()
+    if prof is None:
+        return None
+    try:
+        prof.stop()
+        return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+    except Exception:
+        return None
+
+
+def _agreed_capture(allreduce, x, cpu_group):
+    """(capture, why not): ``capture(n)`` for time_all_reduce when every rank captured a probe graph, else None and
+    the reason, so that all ranks time eager calls together. The probe is not replayed before the ranks agree: a
+    replay is a collective."""
+    import torch
+    import torch.distributed as dist
+
+    reason = ""
+    try:
+        probe = _capture(allreduce, x, 1)
+        del probe
+    except Exception as exc:  # capture refused (a host sync, an uncapturable NCCL path): time eagerly
+        first = str(exc).strip().splitlines()
+        reason = f"capture failed: {type(exc).__name__}: {first[0] if first else ''}"[:200]
+        torch.cuda.synchronize()
+    ok = torch.tensor([0 if reason else 1], dtype=torch.int32)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=cpu_group)
+    if int(ok.item()) == 1:
+        return (lambda n: _capture(allreduce, x, n)), ""
+    return None, reason or "capture failed on another rank"
+
+
+def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measured:
     from tensorrt_llm._torch.distributed.ops import AllReduce
 
     x = all_reduce_input(case, device)  # reference :167-168
     mapping = _WORLD["mapping"]
     # the AUTO strategy is AllReduce's default (ops.py:646); the dtype as a Linear passes it (linear.py:2625-2627)
     allreduce = AllReduce(mapping=mapping, dtype=x.dtype)
+    problem = preflight.allreduce_problem(allreduce)
+    if problem:
+        raise KernelLimit(f"TensorRT-LLM's all-reduce without MPI: {problem}")
     source = kernel_label(allreduce.strategy.name, mapping.tp_size, case["num_gpus"])
-    communicator = communicator_used(allreduce)
-    allreduce(x)  # the reference's dry run outside the graph (:173): NCCL's lazy communicator, the Lamport buffers
-    torch.cuda.synchronize()
+    # the reference's dry run outside the graph (:173): NCCL's lazy communicator, the Lamport buffers; profiled, so
+    # its kernels say which strategy AUTO resolved to for this size
+    launched = _run_profiled(lambda: allreduce(x))
+    ran = strategy_ran(launched) if launched is not None else "unread"  # no profiler: the timing is unaffected
     # The same input every call: AllReduce is out of place (ops.py:793-796), so it stays intact.
-    stats = time_all_reduce(lambda: allreduce(x), lambda n: _capture(allreduce, x, n), cpu_group, config)
+    capture, eager_reason = _agreed_capture(allreduce, x, cpu_group)
+    stats = time_all_reduce(lambda: allreduce(x), capture, cpu_group, config)
+    communicator = describe(communicator_used(allreduce), ran, eager_reason)
     if device == "cuda:0":
         print(
             f"custom_allreduce trtllm {case['message_size']} elements: TensorRT-LLM ran {communicator}",
             file=sys.stderr,
         )
-    return AllreduceMeasured(stats, source, communicator)
+    return Measured(stats, source, ran=communicator)  # AUTO resolves in C++ per call: no prediction to hold it to
 
 
 RUNNERS = {"custom_allreduce": (Runner(footprint, measure_row=measure_row, versions=SERVED_VERSIONS),)}

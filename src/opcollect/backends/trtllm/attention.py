@@ -18,7 +18,10 @@ Where this runner deliberately differs from the collector, and the direction:
 - RoPE of the whole head (RopeParams(dim=head_dim)), as RopeParams.from_config gives a full-rotary model; the
   collector passes dim=128 to every head (AIC :202): the same for head_dim 128, a wider or narrower rotation else.
 - one cache manager holds ``copies`` input sets, each its own requests and blocks, cycled by call() so the cache
-  reads come from HBM; the collector times one set.
+  reads come from HBM; the collector times one set. Each metadata's prepare() is followed by a device sync
+  (context.prepare_metadata): the manager stages every batch's block offsets in one shared pinned buffer.
+- a windowed case gives the cache manager its window (KvCacheConfig.max_attention_window), as serving does for a
+  sliding layer; the collector gives it none (attention_inputs.max_attention_window).
 kernel_source is read from the class create_attention built (attention_inputs.kernel_source): get_attention_backend
 falls back to TrtllmAttention when FlashInfer cannot be imported (utils.py:52-53 at 1.3.0rc20, cited by AIC
 :234-238), which then shows as torch_flow under a torch_flow_flashinfer dispatch.
@@ -40,6 +43,7 @@ from opcollect.backends.trtllm.context import (
     SERVED_VERSIONS,
     hold_until_dropped,
     one_rank_mapping,
+    prepare_metadata,
     quant_config,
     release_pending,
 )
@@ -103,8 +107,7 @@ def _metadata(attn, lay: inputs.AttentionLayout, copy: int, manager, mapping, wo
         all_rank_num_tokens=None,
         **kwargs,
     )
-    metadata.prepare()
-    return metadata
+    return prepare_metadata(metadata)
 
 
 def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Prepared:
@@ -156,7 +159,11 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
         attn.flashinfer_backend = FLASHINFER_SUB_BACKEND
     fused_qkv = type(attn).support_fused_qkv()  # TrtllmAttention: True; FlashInferAttention: False (interface.py)
     manager = KVCacheManager(
-        KvCacheConfig(max_tokens=lay.pool_tokens(copies), enable_block_reuse=False),
+        KvCacheConfig(
+            max_tokens=lay.pool_tokens(copies),
+            enable_block_reuse=False,
+            max_attention_window=inputs.max_attention_window(lay),  # a sliding layer's window, as serving passes it
+        ),
         CacheTypeCpp.SELF,  # dense attention keeps K and V (pyexecutor/_util.py:1539 at 1.3.0rc20; AIC :279-283)
         num_layers=1,
         num_kv_heads=kvh,

@@ -184,6 +184,16 @@ class AttentionLayout:
         return tuple(range(copy * self.batch_size, (copy + 1) * self.batch_size))
 
 
+def max_attention_window(lay: AttentionLayout) -> list[int] | None:
+    """KvCacheConfig.max_attention_window of the one-layer cache: a windowed case's window, as serving gives its KV
+    cache manager a sliding layer's window (pyexecutor/_util.py, index id 54555926407: ``[sliding_window if the
+    layer is sliding_attention else max_seq_len]``; KVCacheManager.__init__ builds max_attention_window_vec from it,
+    resource_manager.py index id 3501434665); None (the default: max_seq_len) for full attention. The reference
+    collector passes none (collect_attn.py:271-277): its cache treats the layer as full attention while forward
+    masks by the window."""
+    return [lay.window] if lay.window else None
+
+
 def attention_layout(case, context: bool, tokens_per_block: int = SERVING_TOKENS_PER_BLOCK) -> AttentionLayout:
     new, cached = lengths(case, context)
     window = case.window_size or None

@@ -71,6 +71,19 @@ def one_rank_mapping():
     return Mapping(world_size=1, rank=0, tp_size=1, pp_size=1)
 
 
+def prepare_metadata(metadata):
+    """``metadata.prepare()``, then a device sync, and the metadata. prepare() stages a batch's block offsets in the
+    KV cache manager's one pinned host buffer and copies them to the metadata's device table with non_blocking=True
+    (resource_manager.py KVCacheManager.copy_batch_block_offsets, index id 3501434665): the next prepare() on the
+    same manager (the next input set's) would overwrite that buffer before the copy has run. The sync lets every
+    copy land before anything else is staged."""
+    import torch
+
+    metadata.prepare()
+    torch.cuda.synchronize()
+    return metadata
+
+
 def installed_version() -> str:
     from tensorrt_llm.version import __version__
 

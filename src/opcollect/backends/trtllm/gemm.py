@@ -19,7 +19,8 @@ context.quant_config's, as the reference collector builds it, collector/trtllm/c
   finegrained_mixed_dtype_gemm (:2087-2131). Its vanilla load path reads pre_quant_scale unconditionally
   (:2163-2187), so these rows time the o_proj / down_proj layers that keep it; fused QKV / gate-up layers have it
   folded into the norm and skip one elementwise multiply (they err low by nothing, these err high by it there).
-  verified_on: trtllm==1.3.0rc23
+  Above FinegrainedMixedDtypeGemm.MAX_SUPPORTED_SM_VERSION, read from the installed class, the case is refused as
+  a kernel limit before anything is built (check_mixed_gemm_sm). verified_on: trtllm==1.3.0rc23
 Every linear is finished as serving's model loader finishes it: load_weights, whose vanilla path runs
 process_weights_after_loading (:352-373), then post_load_weights on every module (pyexecutor/model_loader.py
 @004b733e, ModelLoader.load). The reference collector runs no autotuner for its GEMMs, nor does this runner:
@@ -174,6 +175,17 @@ def check_shape(case) -> None:
         raise KernelLimit(f"a block-fp8 weight of n*k >= 2^31 elements (n={case.n}, k={case.k}): int32 offsets")
 
 
+def check_mixed_gemm_sm(sm: int, max_sm: int) -> None:
+    """Refuse int4_wo where TensorRT-LLM's W4A16 kernel refuses the SM: FinegrainedMixedDtypeGemm.forward raises
+    ValueError when get_sm_version() > its MAX_SUPPORTED_SM_VERSION (_torch/custom_ops/torch_custom_ops.py, index id
+    3493221792). The limit moved across the copies read (90 in some, 103 in others), so prepare reads it from the
+    installed class at run time rather than from a table here."""
+    if sm > max_sm:
+        raise KernelLimit(
+            f"TensorRT-LLM's W4A16 GEMM (FinegrainedMixedDtypeGemm) runs up to SM{max_sm}, this GPU is SM{sm}"
+        )
+
+
 def kernel_label(dtype: str, quant_method: str, sm_100f: bool, deep_gemm: bool) -> str:
     """The reference's kernel_source for what TensorRT-LLM built (collect_gemm.py:248-254): deepgemm where block fp8
     runs DeepGEMM (is_sm_100f() and DeepGEMM not turned off, linear.py:1096-1109), torch_flow for every other
@@ -220,7 +232,12 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     layout = gemm_layout(case)
     import torch
     from tensorrt_llm._torch.modules.linear import Linear
-    from tensorrt_llm._utils import is_sm_100f
+    from tensorrt_llm._utils import get_sm_version, is_sm_100f
+
+    if case.gemm_dtype == "int4_wo":  # before any weight is built: the kernel's SM limit, read from the installed class
+        from tensorrt_llm._torch.custom_ops.torch_custom_ops import FinegrainedMixedDtypeGemm
+
+        check_mixed_gemm_sm(get_sm_version(), FinegrainedMixedDtypeGemm.MAX_SUPPORTED_SM_VERSION)
 
     from opcollect.backends.trtllm.context import quant_config
     from opcollect.runtime.timing import random_tensor

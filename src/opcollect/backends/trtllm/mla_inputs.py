@@ -281,7 +281,7 @@ def attention_metadata(backend_cls, manager, layout: KvLayout, copy: int, contex
     import torch
     from tensorrt_llm._torch.metadata import KVCacheParams
 
-    from opcollect.backends.trtllm.context import one_rank_mapping
+    from opcollect.backends.trtllm.context import one_rank_mapping, prepare_metadata
 
     b = layout.batch_size
     metadata = backend_cls.Metadata(
@@ -296,5 +296,4 @@ def attention_metadata(backend_cls, manager, layout: KvLayout, copy: int, contex
         prompt_lens=layout.prompt_lens(context),
         kv_cache_params=KVCacheParams(use_cache=True, num_cached_tokens_per_seq=[layout.past_len] * b),
     )
-    metadata.prepare()
-    return metadata
+    return prepare_metadata(metadata)

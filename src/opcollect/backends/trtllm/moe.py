@@ -19,10 +19,14 @@ skips it, :637, so those rows run the default tactics). max_num_tokens is the ca
 tuned for it; serving tunes power-of-2 buckets up to its max_num_tokens and runs a batch on its bucket's tactic,
 and AIC tunes once with its largest batch (:359, :667-693). verified_on: trtllm==1.3.0rc23
 
-Where this differs from AIC, in serving's direction: create_moe gets dtype bfloat16 (AIC passes fp8 for fp8 and
-fp8_block, :304-312; serving passes the checkpoint's torch_dtype) and the backend in upper case as serving's
-MoeConfig spells it. Where both differ from serving: gpt-oss's experts are built without their biases (serving:
-bias=True, models/modeling_gpt_oss.py MLPBlock), so its rows are low by the bias epilogue.
+Where this differs from AIC, in serving's direction: create_moe gets dtype bfloat16 for every moe_dtype, fp8 and
+fp8_block included. Serving's models pass the checkpoint config's torch_dtype (``dtype=config.torch_dtype`` in
+models/modeling_mixtral.py and modeling_qwen3_next.py, DeepseekV3MoE's ``dtype`` likewise; index ids 52352453442,
+750924321, 227015512), which fp8 and block-fp8 checkpoints (DeepSeek-V3, Qwen3-FP8) declare as bfloat16: their
+weights are quantized, the activations and the layer's output stay bf16. AIC passes torch.float8_e4m3fn for
+fp8 and fp8_block (collect_moe.py:300-312). The backend is passed in upper case as serving's MoeConfig spells it.
+Where both differ from serving: gpt-oss's experts are built without their biases (serving: bias=True,
+models/modeling_gpt_oss.py MLPBlock), so its rows are low by the bias epilogue.
 verified_on: trtllm==1.3.0rc23
 """
 
@@ -151,7 +155,7 @@ def build(case, layout: MoeLayout, device: str, sm: int, seed: int):
                 num_experts=case.num_experts,
                 hidden_size=case.hidden_size,
                 intermediate_size=case.inter_size,
-                dtype=torch.bfloat16,
+                dtype=torch.bfloat16,  # serving's config.torch_dtype, bf16 for fp8 / fp8_block checkpoints too
                 reduce_results=False,
                 model_config=config,
                 swiglu_alpha=swiglu[0],
