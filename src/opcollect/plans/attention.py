@@ -7,6 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import AttentionGrid, ContextAttentionGrid, GenerationAttentionGrid
 from opcollect.cases.profiles import ModelShapes
+from opcollect.plans import selection
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
 
@@ -174,15 +175,20 @@ def _vllm(sm: str, group: Group) -> str:
 
 @refines(("head_dim", "kv_cache_dtype", "step", "isl"))
 def _vllm_case(sm: str, dispatch: str, case: AttentionCase) -> str:
-    """The kernel_source the vLLM runner reads off the chosen backend, as the reference names it."""
-    if dispatch == "FLASHINFER":
-        if case.head_dim not in (64, 128, 256, 512):  # v1/attention/backends/flashinfer.py:421-423
-            # FLASH_ATTN (FA4 on SM100) takes the head with a bf16 cache; an fp8 cache falls to TRITON_ATTN
-            # (flash_attn.py:183-193 accepts fp8 only with FA3 on SM90)
+    """The kernel_source the vLLM runner reads off the chosen backend, as the reference names it: the selector's
+    own answer per head and KV dtype where cases/selection has it (scripts/selection_tables.py), FlashInfer's
+    prefill or decode kernel by the batch; the rules below are the fallback."""
+    chosen = selection.vllm_attention(sm, case.kv_cache_dtype, case.head_dim)
+    if chosen is not None and chosen != "FLASHINFER":
+        return chosen
+    if chosen == "FLASHINFER" or dispatch == "FLASHINFER":
+        # without the file: FlashInfer's heads (v1/attention/backends/flashinfer.py:421-423); FLASH_ATTN (FA4 on
+        # SM100) takes another head with a bf16 cache, TRITON_ATTN with fp8 (flash_attn.py:183-193)
+        if chosen is None and case.head_dim not in (64, 128, 256, 512):
             return "vllm_flash_attn_fa4" if case.kv_cache_dtype == "bfloat16" else "vllm_triton_attn"
         # TRT-LLM-gen kernels on the SM100 family for prefill and decode (utils/flashinfer.py:374-408, 464-480;
-        # flashinfer.py:687-700): the metadata class names them
-        # a one-token query is a decode for FlashInfer (flashinfer.py:564, 950-957), a prefill of isl 1 too
+        # flashinfer.py:687-700), picked per batch: the metadata class names them. A one-token query is a decode
+        # for FlashInfer (flashinfer.py:564, 950-957), a prefill of isl 1 too
         prefill = case.step == 0 and case.isl > 1
         return "vllm_flashinfer_trtllmprefill" if prefill else "vllm_flashinfer_trtllmdecode"
     # v1/attention/backends/fa_utils.py:78-86: FA3 on SM9x, FA4 on SM10x, FA2 elsewhere; on SM90 a head

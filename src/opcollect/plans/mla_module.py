@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from opcollect.cases.grids import ContextMlaModuleGrid, GenerationMlaModuleGrid, MlaModuleGrid
 from opcollect.names import BACKENDS
-from opcollect.plans import mla
+from opcollect.plans import mla, selection
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
 
 
@@ -52,6 +52,13 @@ def expand_generation(grid: GenerationMlaModuleGrid, shapes) -> list[Group]:
     return _expand("mla_generation_module", grid, grid.step, context=False)
 
 
+def _vllm(sm: str, group: Group) -> str:
+    """The MLA backend vLLM's selector gives DeepSeek's MLA at this SM and KV dtype (platforms/cuda.py:395-490,
+    run by scripts/selection_tables.py into cases/selection); plans/mla.py's rule where the file has no answer."""
+    chosen = selection.vllm_mla(sm, str(group.constants.get("kv_cache_dtype")))
+    return chosen if chosen is not None else mla.CONTEXT.dispatch["vllm"](sm, group)
+
+
 @refines(("isl",))
 def _vllm_context(sm: str, dispatch: str, case: MlaModuleCase) -> str:
     return mla._vllm_context(sm, dispatch, case)
@@ -69,7 +76,7 @@ def _plan(name: str, table: str, expand, cost, case_dispatch) -> OpPlan:
         tp_sizes=lambda grid: (),
         # the MLA backend the framework selects inside the module: plans/mla.py's per SM and KV dtype; the
         # backends without module tables skip these ops (plans/skips.py)
-        dispatch={backend: mla.CONTEXT.dispatch[backend] for backend in BACKENDS},
+        dispatch={backend: _vllm if backend == "vllm" else mla.CONTEXT.dispatch[backend] for backend in BACKENDS},
         cost=cost,
         case_dispatch=case_dispatch,
     )

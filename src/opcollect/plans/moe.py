@@ -7,6 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import MoeGrid
 from opcollect.cases.profiles import ModelShapes
+from opcollect.plans import selection
 from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 from opcollect.plans.gemm import model_origins
 
@@ -96,7 +97,17 @@ def _moe_label(method: str, backend: str, experts: str) -> str:
 
 def _vllm(sm: str, group: Group) -> str:
     """vLLM 0.24.0's experts kernel per quant mode: the first backend of the mode's oracle whose experts class
-    supports the device and scheme (model_executor/layers/fused_moe/oracle/*.py); _vllm_case refines by case."""
+    supports the device and scheme (model_executor/layers/fused_moe/oracle/*.py); _vllm_case refines by case.
+
+    The oracle's own answer where cases/selection has one (scripts/selection_tables.py runs it per SM): the label
+    when TP and EP splits share it, else the dtype for _vllm_case to split. The rules below are the fallback."""
+    if group.dtype in _VLLM_BY_MODEL:
+        return group.dtype
+    chosen = selection.vllm_moe(sm, group.dtype)
+    if chosen is not None:
+        return chosen
+    if selection.vllm_moe(sm, group.dtype, expert_parallel=False) is not None:
+        return group.dtype  # TP and EP differ: _vllm_case
     family100 = sm in ("100", "103")
     if group.dtype == "bfloat16":
         # oracle/unquantized.py:152-254: FlashInfer moves to the back on SM90, so Triton; TRT-LLM bf16 on SM100
@@ -132,10 +143,20 @@ def _vllm(sm: str, group: Group) -> str:
 # gpt-oss's experts (hidden and inter size 2880) load through its own Mxfp4Config; other MXFP4 checkpoints
 # (Kimi) through compressed-tensors
 _GPT_OSS = (2880, 2880)
+_VLLM_BY_MODEL = ("w4a16_mxfp4",)  # the quant method depends on the model: _vllm_case
+# the dtypes _vllm may leave to _vllm_case: the oracle's answer differs between TP and EP splits
+_VLLM_SPLIT = ("bfloat16", "fp8", "fp8_block", "int4_wo", "nvfp4", "w4a8_mxfp4_mxfp8")
 
 
-@refines(("moe_ep_size", "hidden_size", "inter_size"), ("fp8_block", "w4a16_mxfp4"))
+@refines(("moe_ep_size", "hidden_size", "inter_size"), (*_VLLM_SPLIT, *_VLLM_BY_MODEL))
 def _vllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
+    expert_parallel = case.moe_ep_size > 1
+    gpt_oss = (case.hidden_size, case.inter_size) == _GPT_OSS
+    if dispatch in _VLLM_SPLIT or (dispatch == "w4a16_mxfp4" and gpt_oss):
+        # the oracle's answer for this split (cases/selection; gpt-oss's GptOssMxfp4MoEMethod for MXFP4)
+        chosen = selection.vllm_moe(sm, dispatch, expert_parallel)
+        if chosen is not None:
+            return chosen
     if dispatch == "fp8_block":
         # oracle/fp8.py:105-115: on exactly SM90 expert parallelism puts FlashInfer CUTLASS first, else Triton
         if sm == "90" and case.moe_ep_size > 1:
