@@ -124,3 +124,71 @@ def test_resolve_says_clearly_when_no_registry_answers(repo, docker_client):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--resolve: no registry answers for nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24" in done.stderr
     assert _git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def _pins_copy(tmp_path):
+    path = tmp_path / "pins.yaml"
+    shutil.copy(ROOT / "pins.yaml", path)
+    return path
+
+
+def test_repinning_the_current_version_with_a_new_digest_is_no_downgrade(tmp_path):
+    from opcollect.errors import InputError
+    from opcollect.images.bump import BumpRequest, bump, check_request
+    from opcollect.images.pins import load_pins
+
+    pins = _pins_copy(tmp_path)
+    current, pin = load_pins(pins).pin("trtllm")
+    repushed = pin.name + "@sha256:" + ("f" if pin.digest[-1] != "f" else "e") * 64
+    request = BumpRequest("trtllm", current, repushed, keep_old=True)  # no --allow-downgrade
+    assert check_request(pins, request) == current
+    after = yaml.safe_load(bump(pins, request).after)["backends"]["trtllm"]
+    assert after["current"] == current and after["versions"][current]["image"] == repushed
+    assert list(after["versions"]) == list(load_pins(pins).backends["trtllm"].versions)  # no entry lost or added
+    with pytest.raises(InputError, match="is already pinned to"):  # the same digest again: nothing to bump
+        check_request(pins, BumpRequest("trtllm", current, pin.image))
+    older = [v for v in load_pins(pins).backends["trtllm"].versions if v != current][0]
+    older_image = pin.name.rsplit(":", 1)[0] + f":{older}@sha256:" + "f" * 64
+    with pytest.raises(InputError, match="older than the current pin"):  # an older version still needs the flag
+        check_request(pins, BumpRequest("trtllm", older, older_image))
+
+
+def test_a_bumps_dir_that_is_a_file_is_refused_before_the_report_is_made(repo, monkeypatch):
+    from opcollect.errors import InputError
+    from opcollect.images import bump_report
+    from opcollect.images.bump import BumpRequest
+    from opcollect.project import find_project
+
+    (repo / "docs").mkdir()
+    (repo / "docs" / "bumps").write_text("a file where the reports go\n")
+    monkeypatch.setattr(bump_report, "report", lambda *a: pytest.fail("the slow report ran before the check"))
+    with pytest.raises(InputError, match=re.escape(f"{repo / 'docs' / 'bumps'}: not a directory")):
+        bump_report.apply_bump(find_project(repo), BumpRequest("trtllm", "1.3.0rc24", RC24, keep_old=True))
+    (repo / "docs" / "bumps").unlink()
+    (repo / "docs" / "bumps" / "trtllm-1.3.0rc24.md").mkdir(parents=True)
+    with pytest.raises(InputError, match="trtllm-1.3.0rc24.md: not a regular file"):
+        bump_report.apply_bump(find_project(repo), BumpRequest("trtllm", "1.3.0rc24", RC24, keep_old=True))
+    (repo / "docs" / "bumps" / "trtllm-1.3.0rc24.md").rmdir()
+    (repo / "docs" / "bumps").rmdir()
+    (repo / "docs").rmdir()
+    (repo / "docs").write_text("")  # a file higher up: the same one line
+    done = run_cli("bump", "trtllm", "--version", "1.3.0rc24", "--image", RC24, "--root", str(repo))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{repo / 'docs'}: not a directory" in done.stderr and "Traceback" not in done.stderr
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all") == "?? docs\n"  # pins.yaml untouched
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--version", "1.3.0rc24\n", "--image", RC24), "--version '1.3.0rc24\\n': not a version"),
+        (("--version", "1.3.0rc24", "--image", RC24 + "\n"), "not an image reference"),
+        (("--version", "1.3.0rc24", "--image", "\n" + RC24), "not an image reference"),
+    ],
+)
+def test_a_version_or_image_is_matched_whole(tmp_path, args, message):
+    from opcollect.errors import InputError
+    from opcollect.images.bump import BumpRequest, check_request
+
+    with pytest.raises(InputError, match=re.escape(message)):
+        check_request(_pins_copy(tmp_path), BumpRequest("trtllm", args[1], args[3]))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli
@@ -19,6 +20,7 @@ from docker.errors import ImageNotFound
 
 from opcollect.errors import InputError
 from opcollect.images.container import (
+    RUN_DIR_LABEL,
     ContainerRun,
     Interrupted,
     container_options,
@@ -33,12 +35,20 @@ from opcollect.runtime.rundir import read_records
 LOCAL = "opcollect-local/torch-cpu:latest"
 
 
-def _leftovers(client, under=None) -> list:
-    """This project's containers; with ``under``, those that mount a path under it (other users share the engine)."""
+def _inside(path: str | None, root: Path) -> bool:
+    return path is not None and (Path(path) == root or root in Path(path).parents)
+
+
+def _leftovers(client, under: Path) -> list:
+    """This project's containers of this test: those labelled with a run directory under ``under`` or mounting a
+    path under it. Never the whole engine: other test runs and users share it, and their containers are theirs."""
+    root = Path(under).resolve()
     found = client.containers.list(all=True, filters={"label": CONTAINER_LABEL})
-    if under is None:
-        return found
-    return [c for c in found if any(m["Source"].startswith(str(under.resolve())) for m in c.attrs["Mounts"])]
+    return [
+        c
+        for c in found
+        if _inside(c.labels.get(RUN_DIR_LABEL), root) or any(_inside(m.get("Source"), root) for m in c.attrs["Mounts"])
+    ]
 
 
 def _tag(stdout: str) -> str:
@@ -116,7 +126,7 @@ def test_containerized_smoke_collection_merges_checks_and_verifies(docker_client
     for name in ("collection_meta.yaml", ".opcollect/provenance.yaml"):  # the consumer's, and our record
         text = (directory / name).read_text()
         assert f"image: {LOCAL}" in text and docker_client.images.get(LOCAL).id in text, name
-    assert _leftovers(docker_client) == []
+    assert _leftovers(docker_client, tmp_path) == []
 
 
 def test_failed_run_removes_its_container(docker_client, tmp_path):
@@ -124,7 +134,7 @@ def test_failed_run_removes_its_container(docker_client, tmp_path):
     done = _collect(tmp_path, "--device", "cpu", "--sm", "90", "--ops", "comm")
     assert done.returncode == 2 and "exited with code 2" in done.stderr
     assert "the plan is for sm 90 but cpu is sm cpu" in done.stdout
-    assert _leftovers(docker_client) == []
+    assert _leftovers(docker_client, tmp_path) == []
 
 
 def test_interrupted_container_run_resumes_to_a_complete_table(docker_client, tmp_path):
@@ -141,7 +151,7 @@ def test_interrupted_container_run_resumes_to_a_complete_table(docker_client, tm
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out[-1000:], err[-2000:])
     assert "run the same command again to resume" in err
-    assert _leftovers(docker_client) == []
+    assert _leftovers(docker_client, tmp_path) == []
     partial = len(read_records(run_dir))
     assert 3 <= partial < 12
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -155,7 +165,7 @@ def test_gpu_request_without_nvidia_runtime_is_one_line(docker_client, tmp_path)
     done = _collect(tmp_path, "--device", "cuda", "--sm", "90", "--ops", "comm")
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "no NVIDIA runtime" in done.stderr
-    assert _leftovers(docker_client) == []
+    assert _leftovers(docker_client, tmp_path) == []
 
 
 def test_pinned_image_that_cannot_be_pulled_is_named(docker_client):
@@ -170,6 +180,38 @@ def test_no_engine_is_one_line_and_exit_2(tmp_path):
     done = run_cli("build", "torch", "--base-image", LOCAL, env=env)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "no Docker engine answers" in done.stderr and "--local" in done.stderr
+
+
+def test_a_malformed_docker_host_is_one_line_and_exit_2():
+    for host, reason in (("tcp://256.1.1.1:99999", "Port out of range"), ("tcp://[::1:2375", "Invalid IPv6 URL")):
+        done = run_cli("build", "torch", env={"DOCKER_HOST": host}, timeout=120)
+        assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+        assert f"DOCKER_HOST {host!r}: not an engine address ({reason}" in done.stderr
+
+
+def test_leftovers_are_the_containers_of_this_test_only(tmp_path):
+    """Two test runs share one engine: each looks only at containers of its own directories."""
+
+    class Container:
+        def __init__(self, run_dir, mounts):
+            self.labels = {CONTAINER_LABEL: "1", **({RUN_DIR_LABEL: str(run_dir)} if run_dir else {})}
+            self.attrs = {"Mounts": [{"Source": str(m)} for m in mounts]}
+
+    mine = [Container(tmp_path / "run", [tmp_path / "run"]), Container(None, [tmp_path / "run" / "plan.json"])]
+    theirs = [
+        Container(tmp_path.parent / "other" / "run", [tmp_path.parent / "other" / "run"]),
+        Container(f"{tmp_path}0/run", [f"{tmp_path}0/run"]),  # a sibling whose name starts with ours
+        Container(None, []),  # a contract container of someone else
+    ]
+
+    class Client:
+        class containers:
+            @staticmethod
+            def list(all, filters):
+                assert all and filters == {"label": CONTAINER_LABEL}
+                return mine + theirs
+
+    assert _leftovers(Client, tmp_path) == mine
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm", "torch"])
@@ -241,7 +283,7 @@ def test_failed_build_prints_the_failing_step_and_exits_2(docker_client, tree_co
     assert done.returncode == 2
     assert "failed: The command '/bin/sh -c echo about to fail && exit 3' returned a non-zero code: 3" in done.stderr
     assert "RUN echo about to fail && exit 3" in done.stderr and "about to fail" in done.stderr  # the step's log
-    assert _leftovers(docker_client) == []
+    assert _leftovers(docker_client, tree_copy) == []
 
 
 # -- Ctrl-C during start-up, isolation of the container, pruning ------------------------------------------

@@ -77,3 +77,72 @@ def test_input_hash_covers_each_input():
         changed[i] = other
         assert input_hash(*changed) != reference, i
     assert input_hash(*base) == reference
+
+
+def test_the_pins_entry_label_follows_the_digest(tree, tmp_path):
+    one = plan_build(tree, "torch", pins_path=_pins_with_digest(tmp_path, tree, "1" * 64))
+    same = plan_build(tree, "torch", pins_path=_pins_with_digest(tmp_path, tree, "1" * 64))
+    two = plan_build(tree, "torch", pins_path=_pins_with_digest(tmp_path, tree, "2" * 64))
+    assert one.labels["pins_entry_hash"] == same.labels["pins_entry_hash"]
+    assert one.labels["pins_entry_hash"] != two.labels["pins_entry_hash"]
+    assert one.buildargs()["PINS_ENTRY_HASH"] != two.buildargs()["PINS_ENTRY_HASH"]
+
+
+@pytest.mark.parametrize(
+    "tag, version, names_it",
+    [
+        ("1.3.0rc23", "1.3.0rc23", True),
+        ("1.3.0rc23", "1.3.0rc2", False),  # a tag is the version and then a separator, not a longer version
+        ("1.3.0rc2", "1.3.0rc23", False),
+        ("v0.24.0", "0.24.0", True),
+        ("0.24.0", "0.24.01", False),
+        ("2.8.0-cuda12.8-cudnn9-runtime", "2.8.0", True),
+        ("2.8.0_x", "2.8.0", True),
+        ("2.8.0+cu128", "2.8.0", True),
+        ("2.8.01-cuda", "2.8.0", False),
+        ("x2.8.0", "2.8.0", False),
+        ("0.24.0", "0.24.0.", False),
+        ("0x24.0", "0.24.0", False),  # the version's dots are dots
+    ],
+)
+def test_a_tag_names_a_version_only_as_the_version_and_a_separator(tag, version, names_it):
+    from opcollect.images.pins import tag_matches
+
+    assert tag_matches(tag, version) is names_it
+
+
+def test_the_tag_is_read_after_the_last_slash():
+    from opcollect.images.pins import VersionPin
+
+    digest = "@sha256:" + "c" * 64
+    assert VersionPin(image="registry.example:5000/team/torch" + digest).tag is None  # host:port is not a tag
+    assert VersionPin(image="registry.example:5000/team/torch:2.8.0" + digest).tag == "2.8.0"
+    assert VersionPin(image="torch:2.8.0-cuda" + digest).tag == "2.8.0-cuda"
+    assert VersionPin(image="localhost:5000/torch" + digest).name == "localhost:5000/torch"
+
+
+def test_pins_refuse_a_tag_of_another_version_and_take_a_registry_port(tmp_path, tree):
+    data = yaml.safe_load(tree.pins.read_text())
+    entry = data["backends"]["trtllm"]
+    digest = "@sha256:" + "d" * 64
+    entry["versions"] = {"1.3.0rc2": {"image": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc23" + digest}}
+    entry["current"] = "1.3.0rc2"
+    path = tmp_path / "pins.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match="version '1.3.0rc2' pins image tag '1.3.0rc23', which is another version"):
+        load_pins(path)
+    entry["versions"] = {"1.3.0rc2": {"image": "registry.example:5000/tensorrt-llm" + digest}}
+    path.write_text(yaml.safe_dump(data))
+    assert load_pins(path).pin("trtllm") == ("1.3.0rc2", load_pins(path).backends["trtllm"].versions["1.3.0rc2"])
+
+
+def test_a_pinned_image_reference_is_matched_whole():
+    from pydantic import ValidationError
+
+    from opcollect.images.pins import VersionPin
+
+    good = "vllm/vllm-openai:v0.24.0@sha256:" + "e" * 64
+    assert VersionPin(image=good).digest == "sha256:" + "e" * 64
+    for bad in (good + "\n", good + "\ntouch x", "\n" + good, good + "0", good.replace("e", "E")):
+        with pytest.raises(ValidationError):
+            VersionPin(image=bad)

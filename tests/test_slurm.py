@@ -6,6 +6,8 @@ exit 2."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import time
@@ -176,3 +178,194 @@ def test_each_container_runtime_runs_the_collector_image_in_the_array_script(tmp
     merge = merge_script(tmp_path / "run root", tmp_path / "tables", SlurmOptions(shards=4), tmp_path)
     assert f"root='{tmp_path / 'run root'}'" in merge and '--plan "$root/plan.json"' in merge
     assert "--array" not in merge and subprocess.run(["bash", "-n"], input=merge, text=True).returncode == 0
+
+
+# -- every value that reaches an #SBATCH line is validated where it enters (no Slurm needed) ---------------
+
+GOOD = dict(shards=4, partition="gpu", account="perf", time="4:00:00", gpus_per_task=1, cpus_per_task=2,
+            runtime="docker", image="opcollect/vllm:0.24.0-0123456789ab", device="cuda")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "field, value, flag",
+    [
+        ("time", "1:00:00\ntouch x", "--time"),  # anchored at the end: the next line would be bash's
+        ("time", "1:00:00\n", "--time"),
+        ("time", "touch x\n1:00:00", "--time"),  # and at the start
+        ("time", "1:00:00 --uid=0", "--time"),
+        ("time", "4:00:00#x", "--time"),
+        ("time", "\u0661:00:00", "--time"),  # an Arabic-Indic digit is no ASCII digit
+        ("partition", "gpu\ntouch x", "--partition"),
+        ("partition", "gpu\n", "--partition"),
+        ("partition", "touch x\ngpu", "--partition"),
+        ("partition", "gpu --uid=0", "--partition"),
+        ("partition", "", "--partition"),
+        ("account", "perf\ntouch x", "--account"),
+        ("account", "perf\n", "--account"),
+        ("account", "perf#x", "--account"),
+        ("gpus_per_task", 65, "--gpus-per-task"),
+        ("gpus_per_task", -1, "--gpus-per-task"),
+        ("gpus_per_task", "1\ntouch x", "--gpus-per-task"),
+        ("gpus_per_task", True, "--gpus-per-task"),
+        ("cpus_per_task", 0, "--cpus-per-task"),
+        ("cpus_per_task", "2\ntouch x", "--cpus-per-task"),
+        ("shards", 0, "--shards"),
+        ("shards", 1001, "--shards"),
+        ("device", "cuda\ntouch x", "--device"),
+        ("runtime", "docker\n", "--container-runtime"),
+        ("image", "opcollect/vllm:1\n", "collector image"),
+        ("image", "opcollect/vllm:1 --privileged", "collector image"),
+    ],
+)
+def test_each_sbatch_value_is_validated_where_it_enters(tmp_path, field, value, flag):
+    from opcollect.cluster.scripts import SlurmOptions, array_script
+    from opcollect.errors import InputError
+
+    script = array_script(tmp_path, SlurmOptions(**GOOD))  # the good options render, with every value present
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=perf", "#SBATCH --time=4:00:00",
+                 "#SBATCH --gpus-per-task=1", "#SBATCH --cpus-per-task=2", "#SBATCH --array=0-3"):  # fmt: skip
+        assert line in script.splitlines()
+    with pytest.raises(InputError, match=re.escape(flag)):
+        SlurmOptions(**{**GOOD, field: value})
+
+
+def test_slurm_time_limits_in_each_of_sbatchs_forms_are_accepted():
+    from opcollect.cluster.scripts import SlurmOptions
+
+    for time_limit in ("90", "1440", "30:00", "4:00:00", "1-00", "1-12:00", "2-00:00:00", "0"):
+        assert SlurmOptions(1, time=time_limit).time == time_limit
+
+
+def test_the_run_root_reaches_sbatch_in_its_own_quoting_and_is_refused_where_it_cannot(tmp_path):
+    from opcollect.cluster.scripts import SlurmOptions, array_script, check_root, merge_script
+    from opcollect.errors import InputError
+
+    root = tmp_path / 'a b%j#c"d'
+    collect, merge = array_script(root, SlurmOptions(2)), merge_script(root, tmp_path / "t", SlurmOptions(2), tmp_path)
+    logs = str(root / "logs").replace("%", "%%").replace('"', '\\"').replace("#", "\\#")
+    assert f'#SBATCH --output="{logs}/%x-%A_%a.out"' in collect.splitlines()
+    assert f'#SBATCH --output="{logs}/%x-%j.out"' in merge.splitlines()
+    for script in (collect, merge):  # the body is bash's: shell-quoted, and parses
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    for bad in ("a\nb", "a\rb", "a\tb", "a\\b", "a\udcffb"):
+        with pytest.raises(InputError, match="--out"):
+            check_root(tmp_path / bad, "--out")
+        with pytest.raises(InputError):
+            array_script(tmp_path / bad, SlurmOptions(1))
+    check_root(tmp_path / "x:y", "--out")  # a colon is fine in a log path ...
+    for runtime in ("docker", "pyxis", "apptainer"):  # ... not in a mount spec
+        for bad in ("x:y", "x,y"):
+            with pytest.raises(InputError, match=f"the {runtime} runtime mounts"):
+                check_root(tmp_path / bad, "--out", runtime)
+
+
+def test_sbatch_writes_the_log_of_a_run_root_with_spaces_quotes_hashes_and_percents(cluster, tmp_path):
+    from opcollect.cluster.scripts import SlurmOptions, _header
+
+    root = tmp_path / 'a b%j#c"d'
+    (root / "logs").mkdir(parents=True)
+    script = root / "t.sbatch"
+    script.write_text("\n".join([*_header("opcollect-quoting", SlurmOptions(1, time="5"), root / "logs", True),
+                                 "echo the-task-ran"]) + "\n")  # fmt: skip
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+    job_id = job.stdout.strip().split(";")[0]
+    _wait_for(job_id, 120)
+    log = root / "logs" / f"opcollect-quoting-{job_id}_0.out"
+    end = time.monotonic() + 30
+    while not log.is_file() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert log.read_text().strip() == "the-task-ran", sorted(p.name for p in (root / "logs").iterdir())
+
+
+# -- status counts what each shard's own plan holds ----------------------------------------------------------
+
+
+def _status_root(tmp_path, shards: int = 2):
+    from opcollect.cluster.record import SlurmRecord, Submission, write_record
+    from opcollect.cluster.submit import prepare_root
+    from opcollect.plans.planner import PlanOptions
+    from opcollect.project import find_project
+
+    root, planned = prepare_root(find_project(), "torch", "cpu", PlanOptions(ops=("gemm",), smoke=True), shards,
+                                 tmp_path / "run")  # fmt: skip
+    write_record(root, SlurmRecord(shards, (Submission("999999990", "999999991", tuple(range(shards))),), None))
+    return root, planned
+
+
+def _record(shard, case_ids, status="ok"):
+    (shard / "run.json").write_text("{}")
+    (shard / "shards").mkdir(exist_ok=True)
+    with open(shard / "shards" / "w0.jsonl", "a") as out:
+        for case_id in case_ids:
+            out.write(json.dumps({"case_id": case_id, "status": status, "attempt": 1}) + "\n")
+
+
+def test_status_counts_only_the_records_of_each_shards_own_plan(tmp_path):
+    from opcollect.cluster.status import describe, planned_ids, shard_states
+
+    root, planned = _status_root(tmp_path)
+    mine, theirs = (sorted(planned_ids(root / f"shard-{i}" / "plan.json")) for i in (0, 1))
+    assert mine and theirs and not set(mine) & set(theirs)
+    _record(root / "shard-0", theirs)  # shard 1's records, copied into shard 0: none is shard 0's progress
+    _record(root / "shard-0", ["gemm:float32:m=1,n=1,k=1", "not a case"])
+    states = shard_states(root)
+    assert [(s.measured, s.failed, s.planned) for s in states] == [(0, 0, len(mine)), (0, 0, len(theirs))]
+    assert all(s.state != "done" for s in states)
+    assert f"0/{planned} planned cases recorded" in describe(root, states)
+    _record(root / "shard-0", mine[:1], status="failed")
+    _record(root / "shard-0", mine[1:])
+    [zero, one] = shard_states(root)
+    assert (zero.state, zero.measured, zero.failed) == ("done", len(mine) - 1, 1) and one.state != "done"
+
+
+def test_status_refuses_a_shard_plan_of_another_shard(tmp_path):
+    from opcollect.cluster.status import shard_states
+    from opcollect.errors import InputError
+
+    root, _ = _status_root(tmp_path)
+    shutil.copy(root / "shard-1" / "plan.json", root / "shard-0" / "plan.json")
+    with pytest.raises(InputError, match="the plan of shard 1/2, not 0/2"):
+        shard_states(root)
+
+
+def test_the_slurm_record_round_trips_and_each_damage_is_named(tmp_path):
+    from opcollect.cluster.record import SlurmRecord, Submission, read_record, write_record
+    from opcollect.errors import InputError
+
+    record = SlurmRecord(3, (Submission("12", "13", (0, 1, 2)), Submission("20", "21", (1,))), "/t")
+    write_record(tmp_path, record)
+    assert read_record(tmp_path) == record
+    damaged = {
+        '{"shards": 3, "submissions": [': "invalid JSON at line 1",
+        "[1, 2]": "a JSON list, not an object",
+        "{}": "field 'shards': missing",
+        '{"shards": 3}': "field 'submissions': missing",
+        '{"shards": "3", "submissions": []}': "field 'shards': '3' is not a whole number",
+        '{"shards": 3, "submissions": {}}': "field 'submissions': not a list",
+        '{"shards": 3, "submissions": [7]}': "field 'submissions[0]': not an object",
+        '{"shards": 3, "submissions": [{"array_job": "1;x", "merge_job": "2", "tasks": [0]}]}':
+            "field 'submissions[0].array_job': '1;x' is not a Slurm job ID",
+        '{"shards": 3, "submissions": [{"array_job": "1\\n", "merge_job": "2", "tasks": [0]}]}':
+            "field 'submissions[0].array_job'",
+        '{"shards": 3, "submissions": [{"array_job": "1", "merge_job": "2", "tasks": [3]}]}':
+            "field 'submissions[0].tasks': 3 is not a whole number from 0 to 2",
+        '{"shards": 3, "submissions": [{"array_job": "1", "merge_job": "2"}]}': "field 'submissions[0].tasks': missing",
+        '{"shards": 3, "submissions": [], "tables": 5}': "field 'tables': not a path",
+        "[" * 100_000: "JSON nested too deeply",
+    }  # fmt: skip
+    for text, message in damaged.items():
+        (tmp_path / "slurm.json").write_text(text)
+        with pytest.raises(InputError, match=re.escape(message)):
+            read_record(tmp_path)
+    (tmp_path / "slurm.json").write_bytes(b'{"shards": "\xe9"}')
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_record(tmp_path)
+    (tmp_path / "slurm.json").unlink()
+    os.mkfifo(tmp_path / "slurm.json")
+    with pytest.raises(InputError, match="not a regular file"):
+        read_record(tmp_path)
+    (tmp_path / "slurm.json").unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(record.to_json()))
+    (tmp_path / "slurm.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(InputError, match="a symlink"):
+        read_record(tmp_path)

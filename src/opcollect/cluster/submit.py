@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Callable
 
 from opcollect.cluster import scripts, slurm
-from opcollect.cluster.status import RECORD, read_record, shard_states
+from opcollect.cluster.record import SlurmRecord, Submission, read_record, write_record
+from opcollect.cluster.status import shard_states
 from opcollect.collect import CollectRequest, run_flags
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
 from opcollect.plans.planfile import to_json
 from opcollect.plans.planner import Planner, PlanOptions, require_cases, shard_of
 from opcollect.project import ProjectTree
+from opcollect.runtime.planfile import parse_plan, read_plan_json
 from opcollect.runtime.rundir import check_fresh
 
 
@@ -56,12 +58,14 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def prepare_root(tree: ProjectTree, backend: str, sm: str, plan_options: PlanOptions, shards: int,
-                 root: Path | None, model_configs: tuple[Path, ...] = ()) -> tuple[Path, int]:  # fmt: skip
+                 root: Path | None, model_configs: tuple[Path, ...] = (),
+                 runtime: str = "none") -> tuple[Path, int]:  # fmt: skip
     """Plan once, write the whole plan and each shard's plan; (run root, planned cases)."""
     whole = Planner(tree, model_configs).plan(backend, sm, plan_options)
     require_cases(whole, f"collect {backend} --slurm")
     name = f"{backend}-sm{sm}-{whole.plan_hash[:12]}-{whole.collector_hash[:8]}-slurm{shards}"
     root = Path(root or tree.root / "runs" / name).resolve()
+    scripts.check_root(root, "--out", runtime)  # the default root is under the checkout: its path is checked too
     check_fresh(root)
     parts = [shard_of(whole, i, shards) for i in range(shards)]  # dealt from the one selection
     if sum(p.total_cases for p in parts) != whole.total_cases:
@@ -78,19 +82,18 @@ def prepare_root(tree: ProjectTree, backend: str, sm: str, plan_options: PlanOpt
 
 
 def submit(root: Path, tables: Path, options: scripts.SlurmOptions, checkout: Path, tasks: list[int],
-           planned: int) -> Submitted:  # fmt: skip
-    """Write the scripts, submit the array (``tasks`` of it) and the merge job after it, record both."""
+           planned: int, resubmission: bool = False) -> Submitted:  # fmt: skip
+    """Write the scripts, submit the array (``tasks`` of it) and the merge job after it, record both (after the
+    submissions slurm.json already holds, on a ``resubmission``)."""
     collect_script, merge_script = root / "collect.sbatch", root / "merge.sbatch"
     write_atomic(collect_script, scripts.array_script(root, options))
     write_atomic(merge_script, scripts.merge_script(root, tables, options, checkout))
     everything = tasks == list(range(options.shards))
     array = slurm.sbatch(collect_script, array=None if everything else ",".join(map(str, tasks)))
     merge = slurm.sbatch(merge_script, dependency=f"afterany:{array}")
-    path = root / RECORD
-    record = json.loads(path.read_text()) if path.is_file() else {"shards": options.shards, "submissions": []}
-    record["tables"] = str(Path(tables).resolve())
-    record["submissions"].append({"array_job": array, "merge_job": merge, "tasks": tasks})
-    write_atomic(path, json.dumps(record, indent=2) + "\n")
+    before = read_record(root).submissions if resubmission else ()
+    submitted = Submission(array, merge, tuple(tasks))
+    write_record(root, SlurmRecord(options.shards, (*before, submitted), str(Path(tables).resolve())))
     return Submitted(root, array, merge, tuple(tasks), planned)
 
 
@@ -98,8 +101,8 @@ def resubmit(root: Path, tables: Path | None, options: scripts.SlurmOptions, che
     """Submit the shards of ``root`` that are not done (None when every shard is); a running or pending shard is
     left to its task."""
     record = read_record(root)
-    if options.shards != record["shards"]:
-        options = replace(options, shards=record["shards"])
+    if options.shards != record.shards:
+        options = replace(options, shards=record.shards)
     states = shard_states(root)
     busy = [s.index for s in states if s.state in ("running", "pending")]
     if busy:
@@ -108,7 +111,9 @@ def resubmit(root: Path, tables: Path | None, options: scripts.SlurmOptions, che
     if not tasks:
         return None
     planned = sum(s.planned for s in states)
-    return submit(root, Path(tables or record["tables"]), options, checkout, tasks, planned)
+    if tables is None and record.tables is None:
+        raise InputError(f"{root / 'slurm.json'}: names no TABLES; give --tables")
+    return submit(root, Path(tables or record.tables), options, checkout, tasks, planned, resubmission=True)
 
 
 def describe(sub: Submitted) -> str:
@@ -129,8 +134,10 @@ def collect_on_slurm(
     the checkout's tables/, or on a resubmission the TABLES the run root was submitted with."""
     sm = request.sm
     if ask.resume is not None:  # the SM the run root was planned for
+        scripts.check_root(ask.resume.resolve(), "--resume", ask.runtime)
         read_record(ask.resume)
-        sm = json.loads((ask.resume / "plan.json").read_text())["sm"]
+        whole = ask.resume / "plan.json"
+        sm = parse_plan(whole, read_plan_json(whole), typed=False).sm
     if sm is None:
         raise InputError("--slurm: give --sm, the SM of the cluster's GPUs (cpu for a CPU collection)")
     gpus = ask.gpus_per_task if ask.gpus_per_task is not None else (0 if sm == "cpu" else 1)
@@ -138,11 +145,13 @@ def collect_on_slurm(
         shards=ask.shards, partition=ask.partition, account=ask.account, time=ask.time, gpus_per_task=gpus,
         runtime=ask.runtime, device="cpu" if sm == "cpu" else "cuda", run_flags=tuple(run_flags(request.run_options)),
     )  # fmt: skip
+    if request.out is not None:
+        scripts.check_root(Path(request.out).resolve(), "--out", ask.runtime)
     slurm.check_controller()  # before anything is written
     if ask.runtime != "none":
         options = replace(options, image=image_tag())
     if ask.resume is not None:
         return resubmit(ask.resume, tables, options, tree.root)
     root, planned = prepare_root(tree, request.backend, sm, request.plan_options, ask.shards, request.out,
-                                 request.model_configs)  # fmt: skip
+                                 request.model_configs, ask.runtime)  # fmt: skip
     return submit(root, tables or tree.root / "tables", options, tree.root, list(range(ask.shards)), planned)

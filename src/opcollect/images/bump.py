@@ -15,10 +15,12 @@ from pathlib import Path
 
 from opcollect.errors import InputError
 from opcollect.images.pins import IMAGE_REF, VersionPin, load_pins, tag_matches
+from opcollect.names import BACKENDS
 from opcollect.yamlio import validate
 
-VERSION = re.compile(r"^[0-9][A-Za-z0-9.+-]{0,63}$")
-TAG_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9._-]+$")  # repo:tag, for --resolve
+# matched against the whole value (fullmatch): a trailing newline is no part of a version or a reference
+VERSION = re.compile(r"[0-9][A-Za-z0-9.+-]{0,63}", re.ASCII)
+TAG_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9._-]+", re.ASCII)  # repo:tag, for --resolve
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ def resolve_digest(ref: str) -> str:
 
     from opcollect.images.engine import connect
 
-    if not TAG_REF.match(ref):
+    if not TAG_REF.fullmatch(ref):
         raise InputError(f"--resolve --image {ref!r}: give repo:tag (without a digest) to look up")
     try:
         data = connect().images.get_registry_data(ref)
@@ -69,14 +71,26 @@ def _parse_version(value: str):
         raise InputError(f"--version {value!r}: not a version (PEP 440, e.g. 0.25.0 or 1.3.0rc24)") from None
 
 
-def check_request(pins_path: Path, request: BumpRequest) -> str:
-    """The backend's current version, once the request is sound; InputError naming what is not."""
-    if not VERSION.match(request.version):
+def check_names(request: BumpRequest) -> None:
+    """The backend is one opcollect knows and the version is a version: both name the report's file."""
+    if request.backend not in BACKENDS:
+        raise InputError(f"bump {request.backend!r}: not a backend; give one of {', '.join(BACKENDS)}")
+    if not VERSION.fullmatch(request.version):
         raise InputError(f"--version {request.version!r}: not a version; give e.g. 0.25.0 or 1.3.0rc24")
+    _parse_version(request.version)
+
+
+def check_request(pins_path: Path, request: BumpRequest) -> str:
+    """The backend's current version, once the request is sound; InputError naming what is not.
+
+    The same version with another digest (a re-pushed tag, pinned again) is no downgrade: only an older version
+    needs --allow-downgrade."""
+    check_names(request)
     new = _parse_version(request.version)
-    if not re.match(IMAGE_REF, request.image):
+    if not re.fullmatch(IMAGE_REF, request.image, re.ASCII):
+        problem = "not an image reference" if "@" in request.image else "no digest"
         raise InputError(
-            f"--image {request.image!r}: no digest; pin the image by its index digest, repo:tag@sha256:<64 hex> "
+            f"--image {request.image!r}: {problem}; pin the image by its index digest, repo:tag@sha256:<64 hex> "
             "(or --resolve to ask the registry)"
         )
     pin = VersionPin(image=request.image)

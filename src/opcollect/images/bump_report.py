@@ -16,7 +16,7 @@ from opcollect.backends import load_backend
 from opcollect.backends.markers import Marker, behind, find_markers
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
-from opcollect.images.bump import Bumped, BumpRequest, bump
+from opcollect.images.bump import Bumped, BumpRequest, bump, check_names
 from opcollect.names import GPU_SMS
 from opcollect.plans.planner import Planner
 from opcollect.project import ProjectTree
@@ -128,16 +128,31 @@ def report(tree: ProjectTree, bumped: Bumped) -> str:
     return render(bumped, changes, contract, rechecks)
 
 
-def report_path(tree: ProjectTree, bumped: Bumped) -> Path:
-    return tree.root / "docs" / "bumps" / f"{bumped.backend}-{bumped.new_version}.md"
+def report_path(tree: ProjectTree, backend: str, version: str) -> Path:
+    return tree.root / "docs" / "bumps" / f"{backend}-{version}.md"
+
+
+def check_report_path(tree: ProjectTree, path: Path) -> None:
+    """The report can be written at ``path``: each of its directories that exists is a directory, and the path
+    itself is nothing or a regular file; checked before the plan diff and the contract check, which take a while."""
+    for directory in reversed(path.relative_to(tree.root).parents):
+        where = tree.root / directory
+        if where.exists() and not where.is_dir():
+            raise InputError(
+                f"{where}: not a directory; the bump report goes to {path}: move that file away and bump again"
+            )
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"{path}: not a regular file; the bump report goes there: move it away and bump again")
 
 
 def apply_bump(tree: ProjectTree, request: BumpRequest) -> tuple[str, Path]:
     """Bump, write the report and then pins.yaml (each atomically; nothing is written when the bump is refused or
     its report fails); (report text, report path)."""
+    check_names(request)
+    path = report_path(tree, request.backend, request.version)
+    check_report_path(tree, path)
     bumped = bump(tree.pins, request)
     text = report(tree, bumped)
-    path = report_path(tree, bumped)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
     write_atomic(tree.pins, bumped.after)

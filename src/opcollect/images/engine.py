@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from opcollect.errors import InputError
 
 # containers this project starts carry this label, so a test or a user can find any left behind
@@ -9,19 +11,35 @@ CONTAINER_LABEL = "io.opcollect.run"
 
 
 def connect():
+    """A client of the engine the environment names (DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH, else the
+    local socket) that answered a ping; InputError naming the setting or the engine when there is none."""
     import docker
     from docker.errors import DockerException
 
     try:
         client = docker.from_env()
+    except ValueError as exc:  # docker 7.2.0 utils.parse_host (utils/utils.py:293) reads DOCKER_HOST through
+        # urllib, which raises ValueError for a port out of range or a broken IPv6 address
+        host = os.environ.get("DOCKER_HOST", "")
+        raise InputError(
+            f"DOCKER_HOST {host!r}: not an engine address ({exc}); give e.g. unix:///var/run/docker.sock or "
+            "tcp://HOST:2376, or unset it for the local engine"
+        ) from None
+    except DockerException as exc:
+        raise _no_engine(exc) from None
+    try:
         client.ping()
         return client
     except DockerException as exc:
-        reason = str(exc).split("\n")[0][:160]
-        raise InputError(
-            f"no Docker engine answers ({reason}); start one (e.g. `dockerd &`) or pass --local "
-            "to collect without a container"
-        ) from None
+        raise _no_engine(exc) from None
+
+
+def _no_engine(exc: Exception) -> InputError:
+    reason = str(exc).split("\n")[0][:160]
+    return InputError(
+        f"no Docker engine answers ({reason}); start one (e.g. `dockerd &`) or pass --local "
+        "to collect without a container"
+    )
 
 
 def ensure_image(client, ref: str) -> None:

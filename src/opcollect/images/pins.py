@@ -13,8 +13,8 @@ from opcollect.errors import InputError
 from opcollect.names import BACKENDS
 from opcollect.yamlio import load_typed
 
-# repo[:tag]@sha256:<64 hex>: a pin names one immutable image
-IMAGE_REF = r"^[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9._-]+)?@sha256:[0-9a-f]{64}$"
+# repo[:tag]@sha256:<64 hex>: a pin names one immutable image; matched against the whole value (re.fullmatch)
+IMAGE_REF = r"[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9._-]+)?@sha256:[0-9a-f]{64}"
 
 
 class VersionPin(Frozen):
@@ -23,7 +23,7 @@ class VersionPin(Frozen):
     @field_validator("image")
     @classmethod
     def _pinned_by_digest(cls, value: str) -> str:
-        if not re.match(IMAGE_REF, value):
+        if not re.fullmatch(IMAGE_REF, value, re.ASCII):
             raise ValueError("must be repo:tag@sha256:<64 hex digits>; pin the image by its index digest")
         return value
 
