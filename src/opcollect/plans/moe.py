@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import MoeGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans import selection
+from opcollect.plans import selection, selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 from opcollect.plans.gemm import model_origins
 
@@ -176,21 +176,30 @@ def _vllm_case(sm: str, dispatch: str, case: MoeCase) -> str:
 
 def _sglang(sm: str, group: Group) -> str:
     """SGLang 0.5.14's MoE runner per quant mode, named as the reference labels it (collector/sglang/
-    collect_moe.py:598-604); by model: _sglang_case. Paths are in the wheel's sglang/srt/."""
+    collect_moe.py:598-604). Where cases/selection/sglang-0.5.14.yaml covers the SM, the runner depends on the
+    model and EP size (ServerArgs' choice): the dtype is returned and _sglang_case decides. Paths are in the
+    wheel's sglang/srt/."""
+    if selection_sglang.table(selection_sglang.FILE).get(selection_sglang._sm(sm)):
+        return group.dtype
+    return _sglang_auto(sm, group.dtype)
+
+
+def _sglang_auto(sm: str, dtype: str) -> str:
+    """The runner a quant method resolves "auto" to, or the dtype where the model decides (_sglang_model)."""
     family100 = sm in ("100", "103")
-    if group.dtype == "nvfp4":
+    if dtype == "nvfp4":
         # ModelOptNvFp4FusedMoEMethod in auto: FlashInfer TRT-LLM (layers/quantization/modelopt_quant.py:2317-2324);
         # SM120 takes FlashInfer CUTLASS (server_args.py:5096-5104)
         return "sglang_flashinfer_trtllm_moe" if family100 else "sglang_flashinfer_cutlass_moe"
-    if group.dtype in ("int4_wo", "w4a8_mxfp4_mxfp8") and family100:
+    if dtype in ("int4_wo", "w4a8_mxfp4_mxfp8") and family100:
         return "sglang_flashinfer_trtllm_moe"
-    if group.dtype == "int4_wo":
+    if dtype == "int4_wo":
         # CompressedTensorsWNA16MoE hard-codes Marlin
         # (layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:412-416)
         return "sglang_marlin_moe"
-    if group.dtype == "w4a16_mxfp4" and sm == "120":
+    if dtype == "w4a16_mxfp4" and sm == "120":
         return "sglang_marlin_moe"  # gpt-oss MXFP4 on SM120 (server_args.py:3882-3887)
-    return group.dtype  # the runner depends on the model: _sglang_case
+    return dtype  # the runner depends on the model: _sglang_model
 
 
 # NemotronH's experts (hidden, inter, experts, topk) in the grids: their own MoE defaults apply
@@ -203,12 +212,44 @@ def _nemotron_h(case: MoeCase) -> bool:
 
 _DEEPSEEK_HIDDEN = 7168  # DeepSeek-V3 and Kimi-K2.5: SGLang forces flashinfer_trtllm for them on SM100
 
+# --moe-runner-backend values as the reference labels their rows (backends/sglang/moe.py LABELS)
+_RUNNER_LABELS = {
+    "triton": "sglang_fused_moe_triton",
+    "triton_kernel": "sglang_triton_kernel_moe",
+    "marlin": "sglang_marlin_moe",
+    "flashinfer_trtllm": "sglang_flashinfer_trtllm_moe",
+    "flashinfer_cutlass": "sglang_flashinfer_cutlass_moe",
+    "flashinfer_mxfp4": "sglang_flashinfer_trtllm_moe",
+    "deep_gemm": "sglang_deepgemm_moe",
+}
+_SGLANG_DTYPES = ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", "nvfp4", "int4_wo")
 
-@refines(
-    ("hidden_size", "inter_size", "num_experts", "topk"),
-    ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
-)
+
+@refines(("hidden_size", "inter_size", "num_experts", "topk", "moe_ep_size"), _SGLANG_DTYPES)
 def _sglang_case(sm: str, dispatch: str, case: MoeCase) -> str:
+    shape = (case.hidden_size, case.inter_size, case.topk, case.num_experts)
+    # ServerArgs' --moe-runner-backend for this model on this SM (scripts/selection_tables_sglang.py runs
+    # server_args.py:_handle_model_specific_adjustments and _handle_moe_kernel_config of the pinned wheel); "auto"
+    # leaves it to the quant method at layer build: _sglang_auto, then the model rules for Triton's dtypes.
+    # server_args.py:3914-3934 gives gpt-oss triton_kernel only with quantization None, EP 1 and triton_kernels
+    # installed, which the file evaluates (its environment: the image's packages).
+    chosen = selection_sglang.moe_runner_backend(sm, shape, dispatch, case.moe_ep_size)
+    if chosen is not None and chosen != "auto":
+        return _RUNNER_LABELS.get(chosen, f"sglang_{chosen}_moe")
+    auto = _sglang_auto(sm, dispatch) if dispatch in _SGLANG_DTYPES else dispatch
+    if chosen == "auto":
+        if auto not in ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"):
+            return auto
+        if auto == "w4a16_mxfp4" and case.num_experts == 896:
+            return "sglang_marlin_moe_situ_as_silu"  # not reached: Kimi-K3 has no entry (UNKNOWN_MOE)
+        # auto resolves to the Triton runner (layers/quantization/unquant.py:405-421; fp8.py:889-903 takes
+        # DeepGEMM only with a DeepEP/Mooncake/NIXL all-to-all; mxfp4.py without flashinfer_mxfp4)
+        return "sglang_fused_moe_triton"
+    return _sglang_model(sm, auto, case)
+
+
+def _sglang_model(sm: str, dispatch: str, case: MoeCase) -> str:
+    """Hand rules for SMs and models the selection file does not cover."""
     family100 = sm in ("100", "103")
     if dispatch == "w4a16_mxfp4":
         if family100:  # gpt-oss MXFP4 on SM100: flashinfer_mxfp4 (server_args.py:3876-3881)
