@@ -1,8 +1,8 @@
 """A test backend that misbehaves on purpose, by the GEMM case's k, and is the torch backend otherwise.
 
 k=11 segfaults, k=12 hangs, k=13 raises, k=14 needs a petabyte (refused by the real capacity check),
-k=15 raises a sticky CUDA error (the worker must be replaced). Loaded by workers as a dotted module
-path; tests put this directory on PYTHONPATH.
+k=15 raises a sticky CUDA error (the worker must be replaced). It stands in for a torch plan's backend with
+`run --test-backend faulty_backend` (a plan names no module); tests put this directory on PYTHONPATH.
 """
 
 from __future__ import annotations

@@ -103,3 +103,52 @@ def test_cpu_path_times_a_real_call():
     assert stats.timing == "cpu" and stats.threads == 1
     assert 0.19 <= stats.latency <= 0.5  # ms
     assert stats.latency_p25 <= stats.latency <= stats.latency_p75
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_max_noise_0_is_kept_as_0_not_the_default(kind):
+    assert TimingConfig.for_device(kind, max_noise=0.0).max_noise == 0.0
+    assert TimingConfig.for_device(kind).max_noise > 0
+
+
+@pytest.mark.parametrize("min_samples, stops_at", [(10, 3), (2, 2)])
+def test_the_time_cap_waits_for_its_minimum_sample_count(min_samples, stops_at):
+    # noisy samples of 0.2 s against a cap of 0.25 s: the cap is passed at the 2nd sample, and the case ends at
+    # the smaller of 3 samples and min_samples (well before 4x the cap)
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.0001, min_samples=min_samples, max_case_seconds=0.25, warmup_seconds=0)
+    raw = sample_until_stable(feeder([0.2, 0.21], clock), config, clock)
+    assert len(raw.samples) == stops_at
+
+
+def test_a_median_of_0_is_unusable_not_perfectly_stable():
+    assert relative_iqr([0.0] * 7) == float("inf")
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=5, max_case_seconds=0.1, warmup_seconds=0)
+
+    def zero() -> float:
+        clock.now += 1e-3
+        return 0.0
+
+    raw = sample_until_stable(zero, config, clock)
+    assert len(raw.samples) > 5  # the noise check never passed: sampling ran to the time cap
+
+
+def test_a_batched_rows_deadline_is_scaled_by_its_cases(tmp_path, monkeypatch):
+    """A row of 4 cases of 0.4 s each, with a case timeout of 0.8 s: 1.6 s in all, within 4 x 0.8 s."""
+    import os
+
+    from conftest import TESTS
+    from light_backend import SLOW, SLOW_SECONDS
+
+    from opcollect.runtime.pool import Pool, Task
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(TESTS), os.environ.get("PYTHONPATH")))))
+    monkeypatch.syspath_prepend(str(TESTS))
+    ids = tuple(f"gemm:float32:m={m},n=8,k={SLOW}" for m in (1, 2, 3, 4))
+    cases = tuple({"gemm_dtype": "float32", "m": m, "n": 8, "k": SLOW} for m in (1, 2, 3, 4))
+    answered = []
+    timeout = 2 * SLOW_SECONDS
+    pool = Pool("light_backend", ["cpu"], None, TimingConfig(), timeout, tmp_path, lambda w, t, r: answered.extend(r))
+    pool.run([Task("row", "gemm", "x", ids, cases, 1)])
+    assert [r["status"] for r in answered] == ["ok"] * 4, answered

@@ -141,3 +141,48 @@ def test_qkv_replicates_kv_heads_beyond_their_count(planner):
     shapes = derive_shapes(spec, [8])
     assert (64 // 8, 1, 128, 0) in {tuple(h) for h in shapes.attention}
     assert ((8 + 2 * 1) * 128, 4096) in {tuple(g) for g in shapes.gemm}
+
+
+def _spec(tmp_path, **config):
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "num_attention_heads": 8}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "intermediate_size": 4096, **config}))
+    return read_hf_config(path)
+
+
+def test_lm_head_rows_per_rank_are_padded_up_on_an_uneven_vocabulary_split(tmp_path):
+    shapes = derive_shapes(_spec(tmp_path, vocab_size=1001), [1, 2, 4, 8])
+    lm_head = {n for n, k in shapes.gemm if k == 1024 and n in (1001, 501, 251, 126)}
+    assert lm_head == {1001, 501, 251, 126}  # ceil(1001 / tp): 500.5 -> 501, 250.25 -> 251, 125.125 -> 126
+
+
+@pytest.mark.parametrize(
+    "max_window_layers, windows",
+    [(24, {0}), (30, {0}), (0, {512}), (12, {0, 512})],
+    ids=["equal-to-the-layers", "beyond-the-layers", "none-full", "half"],
+)
+def test_qwen2_max_window_layers_decides_the_windows(tmp_path, max_window_layers, windows):
+    spec = _spec(
+        tmp_path,
+        architectures=["Qwen2ForCausalLM"],
+        num_hidden_layers=24,
+        sliding_window=512,
+        use_sliding_window=True,
+        max_window_layers=max_window_layers,
+    )
+    assert {shape.window_size for shape in derive_shapes(spec, [1]).attention} == windows
+
+
+def test_zero_experts_per_token_is_named_not_called_missing(tmp_path):
+    with pytest.raises(InputError) as raised:
+        _spec(tmp_path, num_local_experts=8, num_experts_per_tok=0)
+    assert "field 'num_experts_per_tok': 0 routes a token to no expert" in str(raised.value)
+    assert "missing" not in str(raised.value)
+    with pytest.raises(InputError, match="missing key 'num_experts_per_tok'"):
+        _spec(tmp_path, num_local_experts=8)
+
+
+@pytest.mark.parametrize("value", [2**40 + 1, 10**400, 1.5, True, -1])
+def test_model_config_sizes_are_bounded_ints(tmp_path, value):
+    with pytest.raises(InputError, match="hidden_size"):
+        _spec(tmp_path, hidden_size=value)

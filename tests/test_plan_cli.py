@@ -137,3 +137,47 @@ def test_planning_imports_no_framework():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
+
+
+def test_ops_with_a_trailing_comma_plans_that_op():
+    done = run_cli("plan", "--ops", "gemm,", "--smoke", "--json")
+    assert done.returncode == 0, done.stderr
+    assert list(json.loads(done.stdout)["ops"]) == ["gemm"]
+
+
+def test_plot_to_an_upper_case_png_name_is_written(tmp_path):
+    from conftest import REFERENCE
+
+    out = tmp_path / "OUT.PNG"
+    done = run_cli("compare", str(REFERENCE / "gemm"), str(REFERENCE / "gemm"), "--plot", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_against_with_several_sms_is_refused(tmp_path):
+    done = run_cli("plan", "--backend", "vllm", "--sm", "all", "--ops", "gemm", "--against", str(tmp_path))
+    assert done.returncode == 2
+    assert "--against compares one plan: give one --backend and one --sm" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_smoke_keeps_the_one_case_an_op_has(planner):
+    from opcollect.plans.planner import PlanOptions
+
+    full = planner.plan("torch", "cpu", PlanOptions(ops=("gemm",)))
+    ids = full.ops["gemm"].ids
+    one = planner.plan("torch", "cpu", PlanOptions(ops=("gemm",), smoke=True, case_filter=ids[0]))
+    assert one.ops["gemm"].ids == [ids[0]]  # the cheaper half of one case is that case
+
+
+def test_smoke_picks_from_the_cheaper_half(planner):
+    from opcollect.plans.ops import OPS
+    from opcollect.plans.planner import PlanOptions
+
+    full = planner.plan("torch", "cpu", PlanOptions(ops=("gemm",)))
+    op = OPS["gemm"]
+    costs = sorted(op.cost(op.case_type._make(v)) for v in full.ops["gemm"].values)
+    median = costs[(len(costs) + 1) // 2 - 1]
+    smoke = planner.plan("torch", "cpu", PlanOptions(ops=("gemm",), smoke=True))
+    picked = [op.cost(op.case_type._make(v)) for v in smoke.ops["gemm"].values]
+    assert len(picked) == 4 and max(picked) <= median and min(picked) == costs[0]

@@ -26,7 +26,7 @@ def test_each_failure_is_classified_and_healthy_cases_are_measured(tmp_path):
         FAULTY[4],
         HEALTHY[4],
     ]
-    plan = gemm_plan(tmp_path / "plan.json", shapes, backend="faulty_backend")
+    plan = gemm_plan(tmp_path / "plan.json", shapes)
     run_dir = tmp_path / "run"
     done = run_cli(
         "run",
@@ -36,6 +36,8 @@ def test_each_failure_is_classified_and_healthy_cases_are_measured(tmp_path):
         str(run_dir),
         "--device",
         "cpu",
+        "--test-backend",
+        "faulty_backend",
         "--case-timeout",
         "4",
         "--max-case-seconds",
@@ -68,7 +70,19 @@ def test_each_failure_is_classified_and_healthy_cases_are_measured(tmp_path):
 
 
 def test_a_run_of_only_failures_still_exits_0(tmp_path):
-    plan = gemm_plan(tmp_path / "plan.json", [FAULTY[2], FAULTY[3]], backend="faulty_backend")
-    done = run_cli("run", "--plan", str(plan), "--out", str(tmp_path / "run"), "--device", "cpu", env=faulty_env())
+    plan = gemm_plan(tmp_path / "plan.json", [FAULTY[2], FAULTY[3]])
+    out = str(tmp_path / "run")
+    done = run_cli(
+        "run",
+        "--plan",
+        str(plan),
+        "--out",
+        out,
+        "--device",
+        "cpu",
+        "--test-backend",
+        "faulty_backend",
+        env=faulty_env(),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert {r["error_class"] for r in read_records(tmp_path / "run")} == {"unexpected", "kernel_limit"}

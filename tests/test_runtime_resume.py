@@ -138,13 +138,14 @@ def test_resume_refuses_another_plan_naming_both_hashes(tmp_path):
 def test_retry_failed_runs_failed_cases_again(tmp_path):
     from conftest import faulty_env
 
-    plan = gemm_plan(tmp_path / "plan.json", [(1, 16, 13), (1, 32, 32)], backend="faulty_backend")
+    plan = gemm_plan(tmp_path / "plan.json", [(1, 16, 13), (1, 32, 32)])
     run_dir = tmp_path / "run"
-    assert run_cli("run", "--plan", str(plan), "--out", str(run_dir), *FAST, env=faulty_env()).returncode == 0
-    plain = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST, env=faulty_env())
+    faulty = ("--test-backend", "faulty_backend", *FAST)
+    assert run_cli("run", "--plan", str(plan), "--out", str(run_dir), *faulty, env=faulty_env()).returncode == 0
+    plain = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *faulty, env=faulty_env())
     assert plain.returncode == 0 and "measured 0 this run (2 recorded before)" in plain.stdout
     retried = run_cli(
-        "run", "--plan", str(plan), "--out", str(run_dir), "--resume", "--retry-failed", *FAST, env=faulty_env()
+        "run", "--plan", str(plan), "--out", str(run_dir), "--resume", "--retry-failed", *faulty, env=faulty_env()
     )
     assert retried.returncode == 0
     attempts = sorted((r["case_id"], r["attempt"]) for r in read_records(run_dir))
@@ -192,3 +193,92 @@ def test_sigterm_ends_the_run_promptly_and_resume_completes(tmp_path):
     assert done.returncode == 0
     counts = Counter(r["case_id"] for r in read_records(run_dir))
     assert len(counts) == len(SHAPES) and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_ends_in_one_line_and_keeps_its_cases(tmp_path, signum):
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES)
+    run_dir = tmp_path / "run"
+    proc = _start_run(plan, run_dir)
+    _wait_for_records(run_dir, 2, proc)
+    workers = _children(proc.pid)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signum
+    lines = [line for line in err.decode().splitlines() if line.startswith("opcollect:")]  # progress aside
+    assert len(lines) == 1 and "Traceback" not in err.decode(), err.decode()
+    assert err.decode().rstrip().endswith(lines[0])
+    assert lines[0].startswith(f"opcollect: interrupted ({signal.Signals(signum).name}): the cases recorded in")
+    assert "--resume" in lines[0]
+    assert not any(_alive(w) for w in workers)
+    kept = len(read_records(run_dir))
+    assert kept >= 2 and not list(run_dir.rglob("*.tmp"))
+    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"({kept} recorded before)" in done.stdout
+
+
+def test_an_unstarted_run_skeleton_resumes(tmp_path):
+    from opcollect.runtime.planfile import read_plan
+    from opcollect.runtime.rundir import prepare_run_dir
+
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES[:3])
+    run_dir = tmp_path / "run"
+    prepare_run_dir(run_dir, plan, read_plan(plan), resume=False)  # what a run killed before its first case leaves
+    assert read_records(run_dir) == []
+    done = run_cli("run", "--plan", str(plan), "--out", str(run_dir), "--resume", *FAST)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "measured 3 this run (0 recorded before)" in done.stdout
+    assert sorted(Counter(r["case_id"] for r in read_records(run_dir)).values()) == [1, 1, 1]
+
+
+# --- a run directory has one owner at a time; the plan is read once (issue 21: D1, D10) ----------------
+
+
+def test_a_second_run_or_a_resume_while_one_runs_is_refused_naming_the_holder(tmp_path):
+    """D10: two `run`s on one --out, or `--resume` while another ran, both measured (125/130 cases twice)."""
+    from opcollect.errors import InputError
+    from opcollect.runtime.planfile import read_plan
+    from opcollect.runtime.rundir import prepare_run_dir
+
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES)
+    run_dir = tmp_path / "run"
+    first = _start_run(plan, run_dir, "--max-case-seconds", "0.5")  # 30 cases: it runs for a while
+    try:
+        _wait_for_records(run_dir, 1, first)
+        assert first.poll() is None, first.communicate()
+        for extra in ((), ("--resume",)):
+            second = run_cli("run", "--plan", str(plan), "--out", str(run_dir), *FAST, *extra)
+            assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+            assert f"{run_dir}: another run owns it (pid {first.pid} on " in second.stderr, second.stderr
+    finally:
+        first.wait(120)
+    assert first.returncode == 0
+    counts = Counter(r["case_id"] for r in read_records(run_dir))
+    assert len(counts) == len(SHAPES) and set(counts.values()) == {1}
+    # in one process too: the lock lives as long as what prepare_run_dir returned
+    held = prepare_run_dir(run_dir, plan, read_plan(plan), resume=True)
+    with pytest.raises(InputError, match=f"another run owns it \\(pid {os.getpid()} on "):
+        prepare_run_dir(run_dir, plan, read_plan(plan), resume=True)
+    del held
+    assert len(prepare_run_dir(run_dir, plan, read_plan(plan), resume=True).latest) == len(SHAPES)
+
+
+def test_a_plan_from_a_pipe_is_never_run_beside_an_empty_plan_json(tmp_path):
+    """D1: `run --plan <(cat p.json)` measured every case, then RUN_DIR/plan.json was empty (read a 2nd time)."""
+    plan = gemm_plan(tmp_path / "plan.json", SHAPES[:2])
+    run_dir = tmp_path / "run"
+    read_end, write_end = os.pipe()
+    os.write(write_end, plan.read_bytes())
+    os.close(write_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "opcollect", "run", "--plan", f"/dev/fd/{read_end}", "--out", str(run_dir), *FAST],
+            cwd=ROOT, capture_output=True, text=True, pass_fds=(read_end,), timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(read_end)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "--plan /dev/fd/" in done.stderr
+    assert not (run_dir / "shards").exists() or not list((run_dir / "shards").iterdir())  # nothing measured
+    assert not (run_dir / "plan.json").exists()

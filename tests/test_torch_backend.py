@@ -98,3 +98,34 @@ def test_rotation_covers_three_l2_sizes_within_memory():
     assert rotation_copies(400 * 2**20, 50 * 2**20, 100 * 2**30) == 1
     assert rotation_copies(10 * 2**20, 50 * 2**20, 60 * 2**20) == 3  # only half the free memory
     assert free_memory("cpu") > 0
+
+
+def _sdpa_calls(monkeypatch, case, context: bool) -> list[dict]:
+    """The (key shape, mask) of each scaled_dot_product_attention call the runner's prepare makes."""
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recorder(q, k, v, attn_mask=None, is_causal=False, **kwargs):
+        calls.append({"keys": k.shape[2], "mask": attn_mask, "causal": is_causal})
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorder)
+    attention.prepare(case, "x", "cpu", 1, context)
+    assert calls
+    return calls
+
+
+@pytest.mark.parametrize("step, window, keys", [(0, 0, 1), (5, 0, 6), (5, 3, 3), (5, 6, 6), (5, 7, 6)])
+def test_decode_attention_reads_step_plus_one_keys_within_the_window(monkeypatch, step, window, keys):
+    case = AttentionCase(2, 1, 4, 2, 16, 1, "float32", "float32", step, window)
+    assert {c["keys"] for c in _sdpa_calls(monkeypatch, case, context=False)} == {keys}
+    assert attention.kv_length(case, False) == keys
+
+
+def test_a_sliding_window_of_w_lets_each_query_see_w_keys(monkeypatch):
+    case = AttentionCase(1, 8, 2, 2, 16, 1, "float32", "float32", 0, 3)
+    call = _sdpa_calls(monkeypatch, case, context=True)[0]
+    mask = call["mask"]
+    assert not call["causal"] and mask.shape == (8, 8)
+    assert mask.sum(-1).tolist() == [1, 2, 3, 3, 3, 3, 3, 3]  # query i sees keys i-2 .. i
+    assert all(bool(mask[i, i]) and not bool(mask[i, i + 1 :].any()) for i in range(8))  # causal within the band

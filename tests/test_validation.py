@@ -134,3 +134,14 @@ def test_checked_in_pins_hold_the_five_images(project):
     assert pins.pin("vllm") == ("0.24.0", pins.backends["vllm"].versions["0.24.0"])
     with pytest.raises(InputError, match="has no version '0.1'"):
         pins.pin("vllm", "0.1")
+
+
+def test_the_runtime_knows_every_op_the_planner_plans_with_its_fields():
+    from opcollect.plans.ops import OPS
+    from opcollect.runtime.planfile import OP_FIELDS, TEXT_FIELDS
+
+    assert OP_FIELDS == {name: (op.table, op.family, op.fields) for name, op in OPS.items()}
+    for name, op in OPS.items():
+        hints = {f: getattr(op.case_type.__annotations__[f], "__forward_arg__", None) for f in op.fields}
+        assert set(hints.values()) <= {"str", "int"}, (name, hints)
+        assert {f for f, kind in hints.items() if kind == "str"} == set(op.fields) & TEXT_FIELDS, name

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from opcollect.errors import FrameworkMissing, InputError
+from opcollect.errors import FrameworkMissing, InputError, Terminated
 from opcollect.flags import Parser, count, fs_error, png, ratio, seconds, shard
 
 
@@ -142,22 +142,17 @@ def _add_run(sub) -> None:
     p.add_argument("--image", help="the image this run executes in, for the provenance events")
     p.add_argument("--image-digest", help="that image's pinned digest (or a local base's image ID)")
     p.add_argument("--expect-version", help="refuse to run unless the backend's framework has this version")
+    p.add_argument(
+        "--test-backend",
+        metavar="MODULE",
+        help="a dotted module that stands in for the plan's backend (the test suite's fake backends)",
+    )
     _add_timing(p)
     p.set_defaults(func=cmd_run)
 
 
-def _terminate(signum, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def cmd_run(args) -> int:
-    import signal
-
     from opcollect.runtime.run import describe, run_plan
-
-    # `docker stop` sends SIGTERM, which PID 1 of a container ignores unless handled: end the run now;
-    # the workers are killed on the way out and the shards keep every finished case
-    signal.signal(signal.SIGTERM, _terminate)
 
     options = _run_options(
         args,
@@ -167,6 +162,7 @@ def cmd_run(args) -> int:
         image=args.image,
         image_digest=args.image_digest,
         expect_version=args.expect_version,
+        test_backend=args.test_backend,
     )
     print(describe(run_plan(args.plan, args.out, options)))
     return 0
@@ -208,6 +204,8 @@ def _add_collect(sub) -> None:
 
 
 def cmd_collect(args) -> int:
+    from dataclasses import replace
+
     from opcollect.collect import CollectRequest, collect_in_container, collect_local, finish
     from opcollect.images.container import Interrupted
     from opcollect.plans.planner import PlanOptions
@@ -226,6 +224,7 @@ def cmd_collect(args) -> int:
         version=args.version,
     )
     tree = find_project(args.root)
+    request = replace(request, tables=args.tables or tree.root / "tables")  # checked before the run, not after
     if args.version is not None:  # a version must be pinned, also for a local run, which refuses another one
         _check_pins(tree, args.pins, args.backend, args.version)
     if args.slurm:
@@ -252,7 +251,7 @@ def cmd_collect(args) -> int:
             return 130
         print(describe_run_dir(prepared.run_dir, prepared.planned))
         run_dir = prepared.run_dir
-    return finish(tree, run_dir, args.tables or tree.root / "tables")
+    return finish(tree, run_dir, request.tables)
 
 
 def _collect_slurm(args, tree, request) -> int:
@@ -566,10 +565,51 @@ def _pinned_image(backend: str, version: str | None) -> str:
     return f" {pin.image} (`opcollect collect {backend}{flag}` builds on it and runs the plan inside)"
 
 
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def _kept(args) -> str:
+    """What an interrupted command leaves, and how to go on."""
+    if args.verb == "run":
+        return f"the cases recorded in {args.out} are kept; the same command with --resume finishes the run"
+    if args.verb == "collect" and not args.slurm:
+        return "the cases recorded in the run directory are kept; the same command again resumes the collection"
+    return "nothing half-written is kept; run the same command again"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    # `docker stop` and `kill` send SIGTERM, which PID 1 of a container ignores unless handled: it unwinds the
+    # command as Ctrl-C does (workers killed, containers stopped, temporary files removed), then one line
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(argv)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    import signal
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated: finally blocks have run on the way here
+        signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+        print(f"opcollect: interrupted ({signal.Signals(signum).name}): {_kept(args)}", file=sys.stderr)
+        return 128 + signum
+    except MemoryError:
+        print(
+            "opcollect: error: out of memory; select less at once (one --backend and --sm, fewer --ops) "
+            "or raise the memory limit (ulimit -v)",
+            file=sys.stderr,
+        )
+        return InputError.exit_code
     except FrameworkMissing as exc:
         pinned = _pinned_image(exc.backend, getattr(args, "version", None) or getattr(args, "expect_version", None))
         print(f"opcollect: error: {exc}{pinned}", file=sys.stderr)

@@ -27,6 +27,7 @@ class CollectRequest:
     out: Path | None
     model_configs: tuple[Path, ...] = ()
     version: str | None = None  # one of the backend's pinned versions; None: its current one
+    tables: Path | None = None  # the TABLES the run is merged into afterwards; checked before the run
 
 
 def host_gpu_sm() -> str | None:
@@ -66,13 +67,36 @@ class Prepared:
     planned: int
 
 
+def check_tables_target(tables: Path, run_dir: Path | None) -> None:
+    """Refuse, before any case runs, a --tables that the merge after the run would refuse: a file, a foreign
+    directory, or one that is the run directory or holds it or lies in it."""
+    from opcollect.tables.store import check_into
+
+    try:
+        check_into(tables, verify=False)  # verify runs under the merge's lock, after the run
+    except InputError as exc:
+        raise InputError(str(exc).replace("--into ", "--tables ", 1)) from None
+    if run_dir is None:
+        return
+    a, b = Path(tables).resolve(), Path(run_dir).resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise InputError(
+            f"--tables {tables} and the run directory {run_dir} overlap; a run directory is not a TABLES tree: "
+            "give them separate paths"
+        )
+
+
 def prepare(tree: ProjectTree, request: CollectRequest) -> Prepared:
+    if request.tables is not None:
+        check_tables_target(request.tables, request.out)
     kind, sm = resolve_target(request.device, request.sm)
     plan = Planner(tree, request.model_configs).plan(request.backend, sm, request.plan_options)
     require_cases(plan, f"collect {request.backend}")  # before any image is built or run directory made
     # the collector hash is in the name: an edited collector starts a new run instead of resuming
     name = f"{request.backend}-sm{sm}-{plan.plan_hash[:12]}-{plan.collector_hash[:8]}"
     run_dir = request.out or tree.root / "runs" / name
+    if request.tables is not None and request.out is None:
+        check_tables_target(request.tables, run_dir)
     resume = (run_dir / "run.json").exists()
     plan_path = run_dir / "plan.json"
     data = to_json(plan)

@@ -15,3 +15,13 @@ class FrameworkMissing(InputError):
     def __init__(self, backend: str, message: str):
         super().__init__(message)
         self.backend = backend
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`docker stop`, `kill`, a Slurm job's end) raised as Ctrl-C's exception: every command unwinds the
+    same way, its finally blocks stop workers and containers and remove what is half-written, and the CLI ends
+    with one line. A KeyboardInterrupt, so the code that stops a container on Ctrl-C stops it here too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection
 from types import ModuleType
 
 from opcollect.errors import InputError
 from opcollect.names import BACKENDS
 
 
-def load_backend(name: str) -> ModuleType:
-    """``opcollect.backends.<name>`` for a known backend; a dotted module path names any other."""
-    module = f"opcollect.backends.{name}" if name in BACKENDS else name
+def load_backend(name: str, modules: Collection[str] = ()) -> ModuleType:
+    """``opcollect.backends.<name>`` for a backend opcollect knows; a dotted module path only when ``modules``
+    names it. ``modules`` comes from code or the command line (the test suite's fake backends, `run
+    --test-backend`), never from a plan: a name read from data never chooses what is imported."""
+    if name in BACKENDS:
+        module = f"opcollect.backends.{name}"
+    elif name in modules:
+        module = name
+    else:
+        raise InputError(f"backend {name!r} is not one opcollect knows ({', '.join(BACKENDS)})")
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:

@@ -17,9 +17,13 @@ from typing import Annotated, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from opcollect.cases.grids import NonNegInt, PosInt
 from opcollect.errors import InputError
+from opcollect.runtime.planfile import MAX_DIM
 from opcollect.yamlio import describe_validation_error, not_utf8
+
+# a size or count of a config.json: an int (strict: never a float or a bool) up to the bound a plan file holds
+PosInt = Annotated[int, Field(strict=True, gt=0, le=MAX_DIM)]
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=MAX_DIM)]
 
 
 class ModelConfig(BaseModel):
@@ -339,8 +343,13 @@ def _layout(source: str, arch: str, name: str, cfg: ModelConfig, family: Family,
     if count_key is not None:
         count = getattr(cfg, count_key)
         topk = cfg.num_experts_per_tok
-        if not topk:
+        if topk is None:
             raise missing("num_experts_per_tok", f" ({count_key} is {count})")
+        if topk == 0:
+            raise InputError(
+                f"{source}: field 'num_experts_per_tok': 0 routes a token to no expert, but {count_key} is "
+                f"{count}; set it to the experts per token (1 to {count})"
+            )
         if topk > count:
             raise InputError(
                 f"{source}: field 'num_experts_per_tok': {topk} is greater than {count_key} {count}; "

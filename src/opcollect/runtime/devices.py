@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.timing import is_cuda
@@ -97,7 +98,20 @@ def devices(requested: str, workers: int | None) -> list[str]:
         if count == 0:
             raise KernelLimit("--device cuda: no CUDA device answers; use --device cpu")
         return [f"cuda:{i}" for i in range(min(count, workers or count))]
+    cores = cpu_cores()
+    if workers is not None and workers > cores:
+        # more CPU workers than cores only time each other's contention; each worker gets cores // workers threads
+        print(f"--workers {workers}: this machine has {cores} cores; running {cores} CPU workers", file=sys.stderr)
+        workers = cores
     return ["cpu"] * (workers or 1)
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity, which a container's cpuset narrows), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 def device_sm(device: str) -> str:

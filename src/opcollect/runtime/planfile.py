@@ -23,6 +23,39 @@ from opcollect.plans.hashes import canonical_lines, content_hash, plan_hash, pla
 FORMAT = "opcollect-plan"
 FORMAT_VERSION = 2
 
+# The ops the runtime runs, as plans/ops.py plans them: (table, family, case fields in order). A plan naming
+# another op, or other fields, is refused before anything runs; tests hold this to the planner's OPS.
+_ATTENTION = (
+    "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "beam_width", "attn_dtype",
+    "kv_cache_dtype", "step", "window_size",
+)  # fmt: skip
+_MLA = ("mla_dtype", "kv_cache_dtype", "num_heads", "batch_size", "isl", "tp_size", "step")
+_MLA_MODULE = ("model", "architecture", "mla_dtype", "kv_cache_dtype", "gemm_type", "num_heads", "batch_size")
+_MLA_MODULE += ("isl", "tp_size", "step")
+OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "gemm": ("gemm_perf", "gemm", ("gemm_dtype", "m", "n", "k")),
+    "attention_context": ("context_attention_perf", "attention", _ATTENTION),
+    "attention_generation": ("generation_attention_perf", "attention", _ATTENTION),
+    "moe": ("moe_perf", "moe", ("moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+                                "moe_tp_size", "moe_ep_size", "distribution")),
+    "mla_context": ("context_mla_perf", "mla", _MLA),
+    "mla_generation": ("generation_mla_perf", "mla", _MLA),
+    "mla_context_module": ("mla_context_module_perf", "mla", _MLA_MODULE),
+    "mla_generation_module": ("mla_generation_module_perf", "mla", _MLA_MODULE),
+    "comm": ("nccl_perf", "comm", ("nccl_dtype", "op_name", "num_gpus", "message_size")),
+    "custom_allreduce": ("custom_allreduce_perf", "comm", ("allreduce_dtype", "num_gpus", "message_size", "backend")),
+}  # fmt: skip
+# fields that hold names (dtypes, a distribution, a model); every other field is a count or a size
+TEXT_FIELDS = frozenset(
+    {"gemm_dtype", "attn_dtype", "kv_cache_dtype", "moe_dtype", "distribution", "mla_dtype", "model"}
+    | {"architecture", "gemm_type", "nccl_dtype", "op_name", "allreduce_dtype", "backend"}
+)
+# counts that may be 0: the first decode step, and window_size 0 for full attention
+ZERO_FIELDS = frozenset({"step", "window_size"})
+# the largest count or size a case (or a model config) may hold: far above any model, far below what overflows
+MAX_DIM = 2**40
+MAX_TEXT = 128
+
 
 def id_template(op: str, fields: Sequence[str], dtype_field: str, dtype: object) -> str:
     """A %-template for ``op:<dtype>:field=value,...`` over every field but the dtype field.
@@ -110,19 +143,54 @@ def _field(data: dict, key: str, kind: type | tuple, where: str = ""):
     return value
 
 
+def _check_column(where: str, field: str, column: list) -> None:
+    """Every value of a case column is of its field's kind and within bounds: a name is a short string, a count
+    an int (never a bool, a float or Infinity) from 1 (0 where ZERO_FIELDS allows it) to MAX_DIM."""
+    if field in TEXT_FIELDS:
+        bad = next((v for v in column if type(v) is not str or not 0 < len(v) <= MAX_TEXT), None)
+        if bad is not None:
+            raise Broken(f"{where}columns.{field}", f"{bad!r} is not a name of 1 to {MAX_TEXT} characters")
+        return
+    low = 0 if field in ZERO_FIELDS else 1
+    bad = next((v for v in column if type(v) is not int or not low <= v <= MAX_DIM), None)
+    if bad is not None:
+        shown = repr(bad) if type(bad) is not int or bad.bit_length() < 64 else f"an integer of {bad.bit_length()} bits"
+        raise Broken(f"{where}columns.{field}", f"{shown} is not an integer from {low} to 2**40")
+
+
+def _parse_rows(where: str, raw_rows: list, ids: list[str]) -> list[Row]:
+    """Batch rows that cover every case of the op exactly once."""
+    rows: list[Row] = []
+    for r in raw_rows:
+        case_ids = _field(r, "case_ids", list, f"{where}rows.")
+        rows.append(Row(_field(r, "row_id", str, f"{where}rows."), _field(r, "dispatch", str, f"{where}rows."),
+                        tuple(case_ids)))  # fmt: skip
+    covered = [cid for row in rows for cid in row.case_ids]
+    if sorted(covered, key=str) != sorted(ids):
+        raise Broken(f"{where}rows", "do not hold every case ID exactly once")
+    return rows
+
+
 def _parse_op(name: str, raw: dict, typed: bool) -> tuple[PlannedOp, list[str]]:
     """One op of the file, with its canonical lines; every case ID is re-derived from its columns."""
     where = f"ops.{name}."
+    known = OP_FIELDS.get(name)
+    if known is None:
+        raise Broken(f"ops.{name}", f"is not an op opcollect runs ({', '.join(OP_FIELDS)})")
     fields = tuple(_field(raw, "fields", list, where))
     dtype_field = _field(raw, "dtype_field", str, where)
-    if not fields or not all(isinstance(f, str) and f.isidentifier() for f in fields) or dtype_field not in fields:
-        raise Broken(f"{where}fields", f"{list(fields)} are not field names that include {dtype_field!r}")
+    if fields != known[2] or dtype_field not in fields:
+        raise Broken(f"{where}fields", f"{list(fields)} are not the fields of {name}: {list(known[2])}")
     ids = _field(raw, "case_id", list, where)
     dispatch = _field(raw, "dispatch", list, where)
     raw_columns = _field(raw, "columns", dict, where)
     columns = [_field(raw_columns, f, list, f"{where}columns.") for f in fields]
     if any(len(c) != len(ids) for c in columns) or len(dispatch) != len(ids):
-        raise Broken(f"{where}columns", f"column lengths differ from the {len(ids)} case IDs")
+        raise Broken(f"{where}columns", f"column or dispatch lengths differ from the {len(ids)} case IDs")
+    if not all(type(d) is str for d in dispatch):
+        raise Broken(f"{where}dispatch", "holds a value that is not a string")
+    for field, column in zip(fields, columns):
+        _check_column(where, field, column)
     values = list(zip(*columns)) if ids else []
     dtypes = columns[fields.index(dtype_field)]
     templates = {d: id_template(name, fields, dtype_field, d) for d in set(dtypes)}
@@ -134,14 +202,14 @@ def _parse_op(name: str, raw: dict, typed: bool) -> tuple[PlannedOp, list[str]]:
         at = next(i for i, (a, b) in enumerate(zip(derived, ids)) if a != b)
         raise Broken(f"{where}columns", f"case {ids[at]} holds {derived[at]}")
     raw_rows = raw.get("rows")
-    batched = (
-        None
-        if raw_rows is None
-        else [Row(str(r["row_id"]), str(r["dispatch"]), tuple(r["case_ids"])) for r in raw_rows]
-    )
+    batched = None if raw_rows is None else _parse_rows(where, _field(raw, "rows", list, where), ids)
     lines = canonical_lines(ids, dispatch, batched)
     table, family = _field(raw, "table", str, where), _field(raw, "family", str, where)
+    if (table, family) != known[:2]:
+        raise Broken(f"{where}table", f"{table} ({family}) is not {name}'s table {known[0]} ({known[1]})")
     op_name = raw.get("op_name")
+    if op_name is not None and type(op_name) is not str:
+        raise Broken(f"{where}op_name", "not a string")
     if not typed:  # verification only: the runtime's typed cases and one-case rows are not needed
         return PlannedOp(name, table, family, op_name, fields, [], ids, dispatch, batched or []), lines
     rows = batched if batched is not None else [Row(case_id, d, (case_id,)) for case_id, d in zip(ids, dispatch)]
@@ -160,12 +228,18 @@ def parse_plan(path: Path, data: dict, typed: bool = True) -> PlanFile:
     try:
         backend = _field(data, "backend", str)
         sm = _field(data, "sm", str)
-        if backend not in BACKENDS and not backend.replace("_", "").replace(".", "").isalnum():
-            raise Broken("backend", f"{backend!r} is neither a backend ({', '.join(BACKENDS)}) nor a module path")
+        if backend not in BACKENDS:  # a plan names a backend, never a module: data chooses no code
+            raise Broken("backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
         if sm not in SMS:
             raise Broken("sm", f"{sm!r} is not one of {', '.join(SMS)}")
         shard_raw = data.get("shard")
-        shard = None if shard_raw is None else (int(shard_raw["index"]), int(shard_raw["count"]))
+        shard = (
+            None
+            if shard_raw is None
+            else (_field(shard_raw, "index", int, "shard."), _field(shard_raw, "count", int, "shard."))
+        )
+        if shard is not None and not 0 <= shard[0] < shard[1] <= MAX_DIM:
+            raise Broken("shard", f"{shard[0]}/{shard[1]} is not the i-th of N shards (0 <= i < N)")
         selection = _field(data, "selection", dict)
         ops: dict[str, PlannedOp] = {}
         lines: list[str] = []

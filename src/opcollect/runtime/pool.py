@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from opcollect.runtime.harness import TimingConfig
+from opcollect.safepath import WORKER_START
 
 READY_TIMEOUT_SECONDS = 300.0
 
@@ -98,8 +99,8 @@ class Pool:
         log = open(log_path, "ab")
         cmd = [
             sys.executable,
-            "-m",
-            "opcollect.runtime.worker",
+            "-c",
+            WORKER_START,  # runs opcollect.runtime.worker with the working directory off sys.path
             "--backend",
             self.backend,
             "--device",

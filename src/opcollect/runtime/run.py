@@ -38,6 +38,7 @@ class RunOptions:
     image: str | None = None  # the container image the run executes in, when the host knows it
     image_digest: str | None = None  # its pinned base digest, or a local base's image ID
     expect_version: str | None = None  # the pinned framework version: refuse to run another
+    test_backend: str | None = None  # a dotted module standing in for the plan's backend (tests; command line only)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     run_dir = Path(run_dir)
     # the run directory exists before the backend loads: a run killed at any point can be resumed
     before = prepare_run_dir(run_dir, plan_path, plan, options.resume)
-    backend = load_backend(plan.backend)
+    backend = load_backend(plan.backend)  # one opcollect knows: a plan never names a module
+    if options.test_backend is not None:
+        backend = load_backend(options.test_backend, modules=(options.test_backend,))
     devices = _resolve_devices(backend, plan, options)
     found = backend.identity(devices[0])["version"]
     if options.expect_version is not None and found != options.expect_version:
@@ -155,7 +158,8 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
             writer.append(record)
             progress.record(task.op, result["status"], result.get("error_class"))
 
-    pool = Pool(plan.backend, devices, threads, config, options.case_timeout, run_dir / "logs", on_result)
+    module = options.test_backend or plan.backend
+    pool = Pool(module, devices, threads, config, options.case_timeout, run_dir / "logs", on_result)
     try:
         pool.run(tasks)
     except RuntimeError as exc:

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)  # stray prints, C-level too, go to the log
     sys.stdout = sys.stderr
     config = TimingConfig(**json.loads(args.timing))
-    backend = load_backend(args.backend)
+    # the pool's caller admitted this backend: run's plan names a known one, or run --test-backend a module
+    backend = load_backend(args.backend, modules=(args.backend,))
     backend.setup_worker(args.device, args.threads)
     identity = {**backend.identity(args.device), "host": socket.gethostname()}
     _answer(channel, {"ready": identity})
