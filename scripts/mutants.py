@@ -357,9 +357,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "r3-ignores-p75",
-        "tables/rules.py",
-        'order = pc.or_(pc.greater(table["latency_p25"], latency), pc.greater(latency, table["latency_p75"]))',
-        'order = pc.greater(table["latency_p25"], latency)',
+        "tables/values.py",
+        "pc.and_(pc.less_equal(p25, latency), pc.less_equal(latency, p75))",
+        "pc.less_equal(p25, latency)",
         f"{TABLES}::test_r3_notices_latency_above_p75",
     ),
     m(
@@ -458,8 +458,8 @@ MUTANTS: list[Mutant] = [
     m(
         "r5-planted-file-not-flagged",
         "tables/rules.py",
-        "if p.is_file() and consumer.read_as_table(p.name) and consumer.stem(p.name) not in meta.tables",
-        "if p.is_file() and consumer.read_as_table(p.name) and consumer.stem(p.name) not in meta.tables and False",
+        "if consumer.stem(name) not in meta.tables]",
+        "if consumer.stem(name) not in meta.tables and False]",
         f"{CHECK}::test_a_planted_file_is_unexpected_and_taken_for_a_table",
     ),
     m(
@@ -645,8 +645,8 @@ MUTANTS: list[Mutant] = [
     m(
         "r6-ignores-the-case-s-op-name",
         "tables/rules.py",
-        "    if schema.op.op_name is None:  # the case's own op_name",
-        "    if False:  # the case's own op_name",
+        "    found += [Finding(f.rule, str(path), f.what, _ids(perf, f.mask)) for f in key_faults(perf, schema)]\n",
+        "",
         f"{COMM}::test_check_flags_an_op_name_other_than_the_case_s",
     ),
     m(

@@ -226,10 +226,15 @@ def test_r6_identity(breakable):
 
 
 def _dtype(value, rows=1):
+    """The first rows' gemm_dtype made ``value``, their case IDs with it (R6 holds a key column to its case ID)."""
+
     def change(t):
         column = t["gemm_dtype"].to_pylist()
+        ids = t["case_id"].to_pylist()
         column[:rows] = [value] * rows
-        return t.set_column(t.schema.get_field_index("gemm_dtype"), "gemm_dtype", pa.array(column, pa.string()))
+        ids[:rows] = [i.replace(":bfloat16:", f":{value}:") for i in ids[:rows]]
+        t = t.set_column(t.schema.get_field_index("gemm_dtype"), "gemm_dtype", pa.array(column, pa.string()))
+        return t.set_column(t.schema.get_field_index("case_id"), "case_id", pa.array(ids, pa.string()))
 
     return change
 

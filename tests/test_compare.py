@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import REFERENCE, fake_run, run_cli
@@ -59,3 +60,32 @@ def test_non_monotonic_steps_are_reported(tmp_path):
 def test_ambiguous_directory_asks_for_op():
     with pytest.raises(InputError, match="2 tables match; pick one with --op"):
         compare_tables(REFERENCE / "attention", REFERENCE / "attention")
+
+
+def test_rows_without_a_finite_positive_latency_are_left_out_and_named(tmp_path):
+    """A NaN or negative latency gives no ratio: no 'ratio -0.125' nor 'median nan'; a warning counts them."""
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 2, 4, 8)]
+    a, b = tmp_path / "a", tmp_path / "b"
+    merge([fake_run(tmp_path / "ra", cases, latency=1.0)], a, find_project())
+    merge([fake_run(tmp_path / "rb", cases, latency=2.0)], b, find_project())
+    path = b / "h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"
+    table = pq.read_table(path)
+    latency = [float("nan"), -0.125, 2.0, 2.0]  # as a table written before merge held rows to the value rules
+    pq.write_table(table.set_column(table.schema.get_field_index("latency"), "latency", pa.array(latency)), path)
+    c = compare_tables(a, b, op="gemm")
+    assert (c.shared, c.median, c.p10, c.p90) == (2, 2.0, 2.0, 2.0)
+    assert all(ratio == 2.0 for *_, ratio in c.largest)
+    assert c.left_out == [f"{path}: left out 2 rows: latency not finite and positive"]
+    done = run_cli("compare", str(a), str(b))
+    assert done.returncode == 0 and "nan" not in done.stdout and "-0.125" not in done.stdout, done.stdout
+    assert f"warning: {path}: left out 2 rows: latency not finite and positive" in done.stdout
+
+
+def test_tables_of_two_ops_are_named_as_such(tmp_path):
+    """NEW holds no table of OLD's op: --op cannot help, and the message does not suggest it."""
+    merge([fake_run(tmp_path / "r", [GemmCase("bfloat16", 1, 8, 8)])], tmp_path / "t", find_project())
+    with pytest.raises(
+        InputError, match="attention: no gemm_perf table to compare with OLD's .*; give two tables"
+    ) as e:
+        compare_tables(tmp_path / "t", REFERENCE / "attention")
+    assert "--op" not in str(e.value)

@@ -56,8 +56,15 @@ def table_files(root: Path, backend: str) -> list[tuple[str, Path]]:
             for owner in (backend, NCCL) if family == "comm" else (backend,):
                 for version in _subdirs(system / family / owner):
                     for path in sorted(version.glob("*_perf.parquet")):
-                        if path.is_file() and not path.name.startswith("."):
-                            found.append((path.relative_to(root).as_posix(), path))
+                        if path.name.startswith("."):
+                            continue
+                        if not path.is_file():  # a table that cannot be read is named, never left out
+                            what = "a directory" if path.is_dir() else "not a regular file"
+                            raise InputError(
+                                f"--against {root}: {path.relative_to(root).as_posix()} is {what}, not a table; "
+                                "restore it or leave it out of TABLES"
+                            )
+                        found.append((path.relative_to(root).as_posix(), path))
     if not found:
         raise InputError(f"--against {root}: no table of backend {backend} (nor nccl) in this tree; {TREE_HELP}")
     return found

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from opcollect.tables.ingest import RunData
 from opcollect.tables.schema import TableSchema, read_parquet, table_files
+from opcollect.tables.values import Fault, any_fault, key_faults, measured_faults
 
 CANDIDATE_TYPES = {
     "ok": pa.bool_(),
@@ -71,6 +72,15 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
         error_class=joined["error_class"], message=joined["message"], attempt=joined["attempt"], run_id=joined["run_id"]
     )
     return pa.table({k: v.cast(CANDIDATE_TYPES[k]) if k in CANDIDATE_TYPES else v for k, v in columns.items()})
+
+
+def admitted(candidates: pa.Table, schema: TableSchema) -> tuple[pa.Table, list[Fault]]:
+    """The candidates that pass the value rules (tables/values.py), and the faults of those that do not: a
+    measured row's values, and every row's key columns against its case ID."""
+    faults = measured_faults(candidates, where=candidates["ok"]) + key_faults(candidates, schema, column_of=str)
+    if not faults:
+        return candidates, []
+    return candidates.filter(pc.invert(any_fault(faults, candidates.num_rows))), faults
 
 
 def _candidates(table: pa.Table, schema: TableSchema, values: dict) -> pa.Table:

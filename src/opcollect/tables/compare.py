@@ -7,9 +7,10 @@ frameworks, versions or kernels compare: ours against the reference tables, or t
 
 from __future__ import annotations
 
+import io
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from opcollect.errors import InputError
+from opcollect.files import write_atomic
 from opcollect.tables.schema import TableSchema, read_parquet, schemas
+from opcollect.tables.values import measured_faults
 
 STEP_TOLERANCE = 0.05  # a latency that drops by more than this along the sweep axis is non-monotonic
 
@@ -33,9 +36,11 @@ class Comparison:
     non_monotonic: list[tuple[str, float, float]]  # key at the step, latency before, latency after
     axis: str
     points: list[tuple[float, float]]  # (sweep axis value, ratio)
+    left_out: list[str] = field(default_factory=list)  # per table, the rows no ratio is taken of, and why
 
 
-def _resolve(path: Path, op: str | None) -> tuple[Path, TableSchema]:
+def _resolve(path: Path, op: str | None, like: Path | None = None) -> tuple[Path, TableSchema]:
+    """The one perf table of ``op`` at ``path``; ``like``: OLD's table, whose op ``op`` is (NEW must hold it)."""
     path = Path(path)
     if path.is_file():
         candidates = [path]
@@ -47,15 +52,26 @@ def _resolve(path: Path, op: str | None) -> tuple[Path, TableSchema]:
     matches = [(p, wanted[p.stem]) for p in candidates if p.stem in wanted]
     if len(matches) != 1:
         names = sorted({p.stem for p, _ in matches}) or sorted({p.stem for p in candidates})
-        raise InputError(
-            f"{path}: {len(matches)} tables match; pick one with --op (found: {', '.join(names) or 'none'})"
-        )
+        found = ", ".join(names) or "none"
+        if like is not None and not matches:  # --op cannot help: NEW holds no table of OLD's op
+            raise InputError(
+                f"{path}: no {like.stem} table to compare with OLD's {like} (found: {found}); give two tables of one op"
+            )
+        raise InputError(f"{path}: {len(matches)} tables match; pick one with --op (found: {found})")
     found, schema = matches[0]
     try:
         names = pq.read_schema(found).names
     except (pa.ArrowException, OSError):
         return found, schema  # reading the table says what is wrong with it
     return found, schema.for_columns(names)  # e.g. TRT-LLM's own column names
+
+
+def _measured(path: Path, table: pa.Table) -> tuple[pa.Table, str | None]:
+    """The rows whose latency passes the value rule (finite and positive), and a line naming those left out."""
+    [fault] = measured_faults(table.select(["latency"])) or [None]
+    if fault is None:
+        return table, None
+    return table.filter(pc.invert(fault.mask)), f"{path}: left out {fault.count} rows: {fault.what}"
 
 
 def _key(schema: TableSchema) -> list[str]:
@@ -78,12 +94,13 @@ def non_monotonic_steps(table: pa.Table, schema: TableSchema) -> list[tuple[str,
 
 def compare_tables(old_path: Path, new_path: Path, op: str | None = None) -> Comparison:
     old_file, schema = _resolve(old_path, op)
-    new_file, new_schema = _resolve(new_path, op or schema.op.name)
+    new_file, new_schema = _resolve(new_path, op or schema.op.name, like=None if op else old_file)
     if new_schema.name != schema.name:
         raise InputError(f"{old_file.name} and {new_file.name} are different tables; pick one with --op")
     keys = _key(schema)
-    old = read_parquet(old_file, columns=[*keys, "latency"]).rename_columns([*keys, "old"])
-    new_full = read_parquet(new_file)
+    old, old_left = _measured(old_file, read_parquet(old_file, columns=[*keys, "latency"]))
+    old = old.rename_columns([*keys, "old"])
+    new_full, new_left = _measured(new_file, read_parquet(new_file))
     new = new_full.select([*keys, "latency"]).rename_columns([*keys, "new"])
     # several kernels per key (old reference tables): compare the fastest, which a simulator would pick
     old = old.group_by(keys).aggregate([("old", "min")]).rename_columns([*keys, "old"])
@@ -107,6 +124,7 @@ def compare_tables(old_path: Path, new_path: Path, op: str | None = None) -> Com
         non_monotonic=non_monotonic_steps(new_full, schema),
         axis=axis,
         points=[(float(r[axis]), q) for r, q in zip(rows, ratio)],
+        left_out=[line for line in (old_left, new_left) if line is not None],
     )
 
 
@@ -118,6 +136,7 @@ def render(c: Comparison) -> str:
     lines += [f"  {key}: old {old:.6g} ms, new {new:.6g} ms, ratio {q:.3f}" for key, old, new, q in c.largest]
     lines.append(f"non-monotonic steps along {c.axis} in NEW (drop > {STEP_TOLERANCE:.0%}): {len(c.non_monotonic)}")
     lines += [f"  {key}: {a:.6g} -> {b:.6g} ms" for key, a, b in c.non_monotonic[:10]]
+    lines += [f"warning: {line}" for line in c.left_out]
     return "\n".join(lines) + "\n"
 
 
@@ -139,5 +158,7 @@ def plot(c: Comparison, path: Path) -> None:
     ax.set_ylabel("latency NEW / OLD")
     ax.set_title(f"{c.table}: {c.shared} keys, median {c.median:.3f}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_atomic(path, image.getvalue())  # the one writer: a link planted at --plot is replaced, not followed

@@ -19,6 +19,8 @@ A new consumer release is checked against these sources and changed here.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
@@ -30,6 +32,8 @@ SIDECAR = "collection_meta.yaml"
 # files of a version directory the consumer does not take for a table (perf_database.py:53-58)
 NOT_TABLES = frozenset({SIDECAR, "reuse.yaml", "SHARED_LAYER_REUSE.txt", "INCOMPLETE.txt"})
 NCCL_TABLE = "nccl_perf"
+# first-level directories of a data_dir that are no family (operations/base.py:66): the legacy layout's backends
+NOT_FAMILIES = frozenset({"trtllm", "sglang", "vllm", "nccl", "oneccl"})
 
 # the enums' member names a column's values must be (GEMMQuantMode, MoEQuantMode, FMHAQuantMode,
 # KVCacheQuantMode, CommQuantMode)
@@ -58,9 +62,17 @@ def read_as_table(name: str) -> bool:
     return not name.startswith(".") and name not in NOT_TABLES
 
 
+def table_names(directory: Path) -> list[str]:
+    """The files of a version directory the consumer takes for tables, as it lists them
+    (perf_database.py:1045-1062 _version_dir_data_filenames: every entry that is no dot-file nor a marker and
+    that os.path.isfile, a link to a file among them)."""
+    return sorted(name for name in os.listdir(directory) if read_as_table(name) and os.path.isfile(directory / name))
+
+
 def stem(name: str) -> str:
-    """The table name the consumer looks for in collection_meta.yaml: the file name without its suffix."""
-    return name.split(".", 1)[0]
+    """The table name the consumer looks for in collection_meta.yaml (perf_database.py:1095, os.path.splitext):
+    gemm_perf.parquet.bak is table 'gemm_perf.parquet'."""
+    return os.path.splitext(name)[0]
 
 
 def version_directory(system: str, family: str, backend: str, version: str) -> str:

@@ -9,16 +9,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from opcollect.errors import InputError
 from opcollect.plans.planfile import parse_plan, read_plan_json
 from opcollect.runtime.rundir import read_identity
 from opcollect.runtime.shards import read_lines, shard_paths
 from opcollect.tables.schema import MEASURED, schema_for_op
+from opcollect.tables.values import Timestamp, any_fault, record_faults, tally
+from opcollect.yamlio import describe_validation_error
 
 # the measured columns of every perf table, as a record's stats carry them, plus the SM clock
 STATS = pa.struct([(name, kind) for name, kind in MEASURED if name != "case_id"] + [("sm_clock_mhz", pa.float64())])
@@ -70,7 +74,8 @@ class RunData:
     records: pa.Table  # case records: CASE_FIELDS minus kind, with stats flattened to stats.<name>
     runtimes: dict[str, dict]  # runtime_id -> identity
     events: list[dict]
-    garbage_lines: int  # complete shard lines that were no record: skipped, and counted
+    garbage_lines: int  # complete shard lines that were no record, or a record that fails the value rules
+    refused: tuple[tuple[str, int], ...] = ()  # (value rule, records that break it) among the garbage lines
 
 
 def _intact(path: Path) -> bool:
@@ -97,18 +102,42 @@ def _parse_shard(path: Path) -> tuple[pa.Table, int]:
         rows = list(read_lines(path))
         with open(path, "rb") as handle:
             complete = sum(1 for raw in handle if raw.endswith(b"\n"))
-        table = pa.Table.from_pylist([{k: r.get(k) for k in RECORD.names} for r in rows], schema=RECORD)
-        return table, complete - len(rows)
+        table = _records_of(rows)
+        return table, complete - table.num_rows
 
 
-def _plan_tables(data: dict) -> dict[str, pa.Table]:
+def _records_of(rows: list[dict]) -> pa.Table:
+    """The JSON objects that fit RECORD; one that does not (attempt 'x', stats.latency 'fast') is garbage."""
+    picked = [{k: r.get(k) for k in RECORD.names} for r in rows]
+    try:
+        return pa.Table.from_pylist(picked, schema=RECORD)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        pass
+    fitting = []
+    for row in picked:  # only a shard with a line of the wrong types gets here: one line at a time
+        try:
+            fitting.append(pa.Table.from_pylist([row], schema=RECORD))
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            continue
+    return pa.concat_tables(fitting) if fitting else RECORD.empty_table()
+
+
+def _plan_tables(plan_path: Path, data: dict) -> dict[str, pa.Table]:
+    """Per op, the planned case IDs and their key fields; a value no table column can hold (k=10**400, m=inf; the
+    plan reader's bounds refuse them first) refuses the plan in one line."""
     tables = {}
     for op, raw in data["ops"].items():
         schema = schema_for_op(op)
         columns = {"case_id": pa.array(raw["case_id"], pa.string())}
         for name, kind in schema.field_types():
-            columns[name] = pa.array(raw["columns"][name], kind)
-        tables[op] = pa.table(columns)
+            try:
+                columns[name] = pa.array(raw["columns"][name], kind)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+                reason = str(exc).splitlines()[0][:120]
+                raise InputError(
+                    f"{plan_path}: field 'ops.{op}.columns.{name}': a value is no {kind} ({reason}); re-plan"
+                ) from None
+        tables[op] = pa.table(columns)  # parse_plan derived every case ID from these columns
     return tables
 
 
@@ -121,7 +150,7 @@ def load_run(run_dir: Path) -> RunData:
     held = (identity["content_hash"], identity["backend"], identity["collector_hash"])
     if held != (verified.content_hash, verified.backend, verified.collector_hash):
         raise InputError(f"{run_dir / 'run.json'}: does not describe its plan.json; the run directory was altered")
-    plan_cases = _plan_tables(plan)
+    plan_cases = _plan_tables(plan_path, plan)
     del plan, verified  # their Python lists are several times the size of the Arrow columns
     parts = [_parse_shard(p) for p in shard_paths(run_dir)]
     lines = pa.concat_tables([table for table, _ in parts]) if parts else RECORD.empty_table()
@@ -131,6 +160,11 @@ def load_run(run_dir: Path) -> RunData:
     garbage += lines.filter(pc.and_(pc.is_null(lines["case_id"]), pc.is_null(lines["kind"]))).num_rows
     # stats.latency, stats.samples, ...: flat columns, which joins can carry
     records = lines.filter(pc.is_valid(lines["case_id"])).select([c for c in CASE_FIELDS if c != "kind"]).flatten()
+    faults = record_faults(records)
+    if faults:  # a record that fails the value rules is garbage too: merge admits none of it
+        kept = records.filter(pc.invert(any_fault(faults, records.num_rows)))
+        garbage += records.num_rows - kept.num_rows
+        records = kept
     announced = lines.filter(pc.equal(lines["kind"], "runtime")).select(list(RUNTIME_FIELDS)).to_pylist()
     runtimes = {line["runtime_id"]: line for line in announced}
     events = [_read_event(p) for p in sorted((run_dir / "events").glob("*.json"))]
@@ -144,6 +178,7 @@ def load_run(run_dir: Path) -> RunData:
         runtimes,
         events,
         garbage,
+        tally(faults),
     )
 
 
@@ -154,8 +189,22 @@ def load_planned(plan_path: Path) -> RunData:
     plan = read_plan_json(plan_path)
     verified = parse_plan(plan_path, plan, typed=False)
     records = RECORD.empty_table().select([c for c in CASE_FIELDS if c != "kind"]).flatten()
-    return RunData(plan_path, verified.backend, verified.plan_hash, verified.collector_hash, _plan_tables(plan),
-                   records, {}, [], 0)  # fmt: skip
+    plan_cases = _plan_tables(plan_path, plan)
+    return RunData(plan_path, verified.backend, verified.plan_hash, verified.collector_hash, plan_cases, records, {},
+                   [], 0)  # fmt: skip
+
+
+class RunEvent(BaseModel):
+    """RUN_DIR/events/<run_id>.json as `run` writes it (runtime/run.py): the fields merge reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    run_id: Annotated[str, StringConstraints(min_length=1)]
+    collected_at: Timestamp
+    finished_at: Timestamp | None  # null while the run has not finished
+    host: str
+    shard: str | None
+    image: str | None = None
+    image_digest: str | None = None
 
 
 def _read_event(path: Path) -> dict:
@@ -163,6 +212,11 @@ def _read_event(path: Path) -> dict:
         event = json.loads(path.read_bytes())
     except ValueError:
         raise InputError(f"{path}: not valid JSON; delete that event file or collect into a new --out") from None
-    if not isinstance(event, dict) or not {"run_id", "collected_at", "host"} <= event.keys():
-        raise InputError(f"{path}: not a run event (needs run_id, collected_at, host); delete it or re-collect")
-    return event
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply for a run event; delete that event file") from None
+    if not isinstance(event, dict):
+        raise InputError(f"{path}: not a run event (a JSON object); delete it or re-collect")
+    try:
+        return RunEvent.model_validate(event).model_dump()
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(str(path), exc) + "; delete that event file or re-collect") from None

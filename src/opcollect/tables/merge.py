@@ -29,10 +29,11 @@ from opcollect.plans.hashes import collector_hash
 from opcollect.project import ProjectTree
 from opcollect.tables import consumer
 from opcollect.tables import provenance as pv
-from opcollect.tables.candidates import latest_per_case, new_candidates, old_candidates, unique_planned
+from opcollect.tables.candidates import admitted, latest_per_case, new_candidates, old_candidates, unique_planned
 from opcollect.tables.ingest import RunData, load_planned, load_run
 from opcollect.tables.schema import TableSchema, read_parquet, schema_for_op, table_files
 from opcollect.tables.store import Staging, check_into, locked, recover
+from opcollect.tables.values import tally
 
 PARQUET = dict(compression="zstd", compression_level=3)
 
@@ -216,7 +217,9 @@ def merge(
             raise InputError(f"--plan {plan.run_dir}: no run merged here is of this plan; give its run directories")
     for run in runs:
         if run.garbage_lines:
-            say(f"{run.run_dir}: skipped {run.garbage_lines} garbage shard lines (not a record)")
+            unparsed = run.garbage_lines - sum(n for _, n in run.refused)
+            parts = [f"{unparsed} not a record"] * bool(unparsed) + [f"{n} {what}" for what, n in run.refused]
+            say(f"{run.run_dir}: skipped {run.garbage_lines} garbage shard lines ({', '.join(parts)})")
     groups: dict[tuple[str, str, str], list[RunData]] = defaultdict(list)
     targets: dict[tuple[str, str, str], Target] = {}
     for run in runs:
@@ -278,6 +281,7 @@ def _merge_table(
     previous: pv.TableMeta | None,
     digest: str,
     collector_ref: str | None,
+    say: Callable[[str], None],
 ) -> tuple[pv.TableMeta, TableWritten]:
     """One table: choose the rows, write perf, failures and plan into staging, and describe it."""
     schema = schema_for_op(op, target.backend)
@@ -288,14 +292,19 @@ def _merge_table(
             f"{old_dir / pv.PROVENANCE}: {schema.name} holds collector_hash {previous.collector_hash}, "
             f"the runs have {digest}; merge into another TABLES or re-collect"
         )
+    perf_name, failures_name, plan_name = table_files(schema.name)
     new = pa.concat_tables([new_candidates(r, op, schema) for r in runs if op in r.plan_cases])
     new_events = _events(runs, op, new)
     old = old_candidates(old_dir, schema)
+    if old is not None:  # a row stored before merge held rows to the value rules does not stick
+        old, faults = admitted(old, schema)
+        if faults:
+            broken = ", ".join(f"{n} {what}" for what, n in tally(faults))
+            say(f"{old_dir / perf_name}: dropped stored rows that fail the value rules ({broken}); re-collect them")
     chosen = latest_per_case(pa.concat_tables([old, new]) if old is not None else new)
     del new, old  # the largest tables of a merge: free them before building the outputs
     perf, failures = build_outputs(target, schema, chosen)
     del chosen
-    perf_name, failures_name, plan_name = table_files(schema.name)
     stored = [read_parquet(old_dir / plan_name)] if (old_dir / plan_name).is_file() else []
     planned = unique_planned(
         pa.concat_tables(
@@ -371,7 +380,7 @@ def _merge_target(
         for op in directory_ops:
             name = schema_for_op(op).name
             table_meta[name], table = _merge_table(
-                target, runs, op, tables, staging, table_meta.get(name), digest, collector_ref
+                target, runs, op, tables, staging, table_meta.get(name), digest, collector_ref, say
             )
             written.append(table)
         clock = [c for r in runs for c in r.records["stats.sm_clock_mhz"].to_pylist() if c is not None]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from opcollect.errors import InputError
 from opcollect.tables import consumer
 from opcollect.tables.schema import EXTRAS
+from opcollect.tables.values import Timestamp
 from opcollect.yamlio import read_yaml, validate
 
 PROVENANCE = f"{EXTRAS}/provenance.yaml"
@@ -53,8 +54,8 @@ class System(_Strict):
 
 class Event(_Strict):
     run_id: str
-    collected_at: str
-    finished_at: str | None
+    collected_at: Timestamp  # ISO 8601 with its UTC offset, not in the future (tables/values.py)
+    finished_at: Timestamp | None
     host: str
     shard: str | None
     rows: int = Field(ge=0)

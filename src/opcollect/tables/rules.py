@@ -2,14 +2,16 @@
 
 R1 schema   each file reads as parquet; columns, types and order are the table's schema
 R2 keys     no two rows share a key
-R3 values   no nulls; latency finite and positive; p25 <= latency <= p75
+R3 values   no nulls; the value rules merge admits rows by (tables/values.py): latency finite and positive,
+            0 <= p25 <= latency <= p75 all finite, samples >= 1, noise finite and >= 0, timing graph/eager/cpu
 R4 account  every planned case is a row or a failure (a partial table's gaps are warnings), once,
             and nothing outside the plan is present
 R5 prov.    collection_meta.yaml validates against the consumer's schema and says what our record
             (.opcollect/provenance.yaml) makes of it, which lists every file the consumer takes for a table;
             the record's hashes and counts match the files; manifest.json (when present) validates; each
             system has the spec the consumer opens, naming an NCCL directory that exists
-R6 identity every row's framework, version, device and op_name match the record, and in a framework's
+R6 identity every row's framework, version, device and op_name match the record, its key columns (perf and
+            failures) hold what its case ID names, and in a framework's
             tables every dtype column names a value the consumer knows (the torch backend's: a warning)
 R7 noise    rows noisier than the bound are counted: a warning, a failure with --strict
 Legacy (schema 1) sidecars, like the reference tables', have no plan, hashes or identity: R1 checks their
@@ -31,6 +33,7 @@ from opcollect.tables import provenance as pv
 from opcollect.tables import sidecar as sc
 from opcollect.tables.schema import TableSchema, read_parquet, schemas, table_files
 from opcollect.tables.store import MANIFEST, sha256_file
+from opcollect.tables.values import key_faults, measured_faults
 from opcollect.tables.verify import read_manifest_files
 from opcollect.yamlio import read_yaml, validate
 
@@ -97,7 +100,8 @@ def _r2(path: Path, table: pa.Table, schema: TableSchema) -> list[Finding]:
     return [Finding("R2", str(path), f"{dupes.num_rows} keys appear more than once", shown)]
 
 
-def _r3(path: Path, table: pa.Table, legacy: bool) -> list[Finding]:
+def _r3(path: Path, table: pa.Table) -> list[Finding]:
+    """No nulls, and the value rules merge admits rows by (tables/values.py); a legacy table has latency alone."""
     found = []
     for name in table.column_names:
         if table[name].null_count:
@@ -106,14 +110,7 @@ def _r3(path: Path, table: pa.Table, legacy: bool) -> list[Finding]:
                     "R3", str(path), f"{table[name].null_count} nulls in {name}", _ids(table, pc.is_null(table[name]))
                 )
             )
-    latency = table["latency"]
-    bad = pc.or_(pc.invert(pc.is_finite(latency)), pc.less_equal(latency, 0))
-    if pc.any(bad).as_py():
-        found.append(Finding("R3", str(path), "latency not finite and positive", _ids(table, bad)))
-    if not legacy:
-        order = pc.or_(pc.greater(table["latency_p25"], latency), pc.greater(latency, table["latency_p75"]))
-        if pc.any(order).as_py():
-            found.append(Finding("R3", str(path), "p25 <= latency <= p75 broken", _ids(table, order)))
+    found += [Finding(f.rule, str(path), f.what, _ids(table, f.mask)) for f in measured_faults(table)]
     return found
 
 
@@ -153,11 +150,7 @@ def _check_v2(directory: Path, meta: consumer.CollectionMeta, strict: bool, nois
         path, _, message = str(exc).partition(": ")
         return [Finding("R5", path, message)]
     found: list[Finding] = []
-    uncovered = sorted(
-        p.name
-        for p in directory.iterdir()
-        if p.is_file() and consumer.read_as_table(p.name) and consumer.stem(p.name) not in meta.tables
-    )
+    uncovered = [name for name in consumer.table_names(directory) if consumer.stem(name) not in meta.tables]
     if uncovered:
         found.append(
             Finding("R5", str(directory), f"taken for tables by the consumer, not in {sc.SIDECAR}", tuple(uncovered))
@@ -185,7 +178,7 @@ def _check_v2(directory: Path, meta: consumer.CollectionMeta, strict: bool, nois
         found += schema_findings
         if schema_findings:  # the other rules read columns this table may lack
             continue
-        found += _r2(path, perf, schema) + _r3(path, perf, legacy=False)
+        found += _r2(path, perf, schema) + _r3(path, perf)
         found += _r4(path, perf, failures, planned, partial=entry.status == "partial")
         if sha256_file(path) != entry.file_sha256:
             found.append(Finding("R5", str(path), "sha256 differs from the sidecar's file_sha256"))
@@ -206,8 +199,9 @@ def _check_v2(directory: Path, meta: consumer.CollectionMeta, strict: bool, nois
             consumer.row_version(name, runtime.version, runtime.nccl_version),
             record.system.device,
         )
+        found += [Finding(f.rule, str(paths[1]), f.what, _ids(failures, f.mask)) for f in key_faults(failures, schema)]
         found += _known_values(path, perf, warning=runtime.framework == "torch")
-        noisy = pc.greater(perf["noise"], noise_bound)
+        noisy = pc.invert(pc.fill_null(pc.less_equal(perf["noise"], noise_bound), False))  # NaN is noisy too
         if pc.any(noisy).as_py():
             found.append(
                 Finding(
@@ -236,11 +230,8 @@ def _r6(
         off = pc.not_equal(perf[column], wanted)
         if pc.any(off).as_py():
             found.append(Finding("R6", str(path), f"{column} is not {wanted!r}", _ids(perf, off)))
-    if schema.op.op_name is None:  # the case's own op_name (comm's collective): the one its case ID names
-        named = pc.struct_field(pc.extract_regex(perf["case_id"], r"[:,]op_name=(?P<v>[^,]*)"), "v")
-        off = pc.fill_null(pc.not_equal(perf["op_name"], named), True)
-        if pc.any(off).as_py():
-            found.append(Finding("R6", str(path), "op_name is not the one its case ID names", _ids(perf, off)))
+    # every key column (comm's op_name among them) holds what its case ID names
+    found += [Finding(f.rule, str(path), f.what, _ids(perf, f.mask)) for f in key_faults(perf, schema)]
     return found
 
 
@@ -282,6 +273,25 @@ def _system_specs(root: Path) -> list[Finding]:
     return found
 
 
+def _version_dirs_without_sidecar(root: Path) -> list[Finding]:
+    """R5: a family-layout version directory (<system>/<family>/<backend>/<version>) holding files the consumer
+    takes for tables but no collection_meta.yaml: its strict load refuses the whole request
+    (perf_database.py:1143-1177, 1097-1105)."""
+    found = []
+    for system in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
+        for version in sorted(system.glob("*/*/*")):
+            if version.parts[-3] in consumer.NOT_FAMILIES or not version.is_dir():
+                continue
+            if any(part.startswith(".") for part in version.parts[-3:]) or (version / sc.SIDECAR).exists():
+                continue
+            names = consumer.table_names(version)
+            if names:
+                found.append(
+                    Finding("R5", str(version), f"taken for tables by the consumer, no {sc.SIDECAR}", tuple(names))
+                )
+    return found
+
+
 def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
     found: list[Finding] = []
     for name in meta.tables:
@@ -297,7 +307,7 @@ def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
         findings = _r1(path, perf, schema.perf, legacy=True)
         found += findings
         if not findings:
-            found += _r2(path, perf, schema) + _r3(path, perf, legacy=True)
+            found += _r2(path, perf, schema) + _r3(path, perf)
     return found
 
 
@@ -312,7 +322,7 @@ def check_tables(root: Path, strict: bool = False, noise_bound: float = NOISE_BO
             read_manifest_files(root)
         except InputError as exc:
             found.append(Finding("R5", str(root / MANIFEST), str(exc).removeprefix(f"{root / MANIFEST}: ")))
-        found += _system_specs(root)
+        found += _system_specs(root) + _version_dirs_without_sidecar(root)
     for path in sidecars:
         try:
             meta = sc.read_sidecar(path)

@@ -1,0 +1,172 @@
+"""The value rules a row must pass to be in a table: merge admits only rows that pass them, check enforces them.
+
+measured   latency finite and positive; p25 and p75 finite, 0 <= p25 <= latency <= p75; samples >= 1;
+           noise finite and >= 0; timing one the harness writes (runtime/harness.py Timing)
+keys       every key column holds the value its case ID names (``op:<dtype>:field=value,...``)
+times      a timestamp parses as ISO 8601 with its UTC offset and is not in the future
+
+Each rule gives a Fault: what is wrong and a boolean mask of the rows that break it (a null breaks it).
+Merge (tables/ingest.py, tables/candidates.py) drops those rows and counts them as garbage; check
+(tables/rules.py) names them under R3 (measured) and R6 (keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from functools import reduce
+from typing import Annotated, Callable, get_args
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import AfterValidator
+
+from opcollect.runtime.harness import Timing
+from opcollect.tables.schema import TableSchema
+
+TIMINGS = tuple(get_args(Timing))
+# clocks of the hosts that collect and the one that merges may differ by a little; more than this is no clock skew
+CLOCK_SKEW = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class Fault:
+    rule: str  # the check rule that reports it: R3 (values) or R6 (identity)
+    what: str  # e.g. "latency not finite and positive"
+    mask: pa.ChunkedArray | pa.Array  # the rows that break it: boolean, no nulls
+
+    @property
+    def count(self) -> int:
+        return pc.sum(self.mask).as_py() or 0
+
+
+def _bad(ok) -> pa.ChunkedArray | pa.Array:
+    """Rows where ``ok`` is not true (a null, from a null or NaN input, breaks the rule)."""
+    return pc.invert(pc.fill_null(ok, False))
+
+
+def _finite(values):
+    return pc.is_finite(pc.cast(values, pa.float64()))
+
+
+def measured_faults(table: pa.Table, prefix: str = "", where=None) -> list[Fault]:
+    """The measured columns' rules over ``table``'s ``<prefix>latency`` etc.; ``where`` (a boolean mask) limits
+    them to the measured rows of a table that holds failures too. A table without the quantile columns (the
+    legacy reference tables) is held to the latency rule alone."""
+    names = set(table.column_names)
+
+    def column(name: str):
+        return table[prefix + name]
+
+    latency = column("latency")
+    rules = [("latency not finite and positive", pc.and_(_finite(latency), pc.greater(latency, 0)))]
+    if {prefix + n for n in ("latency_p25", "latency_p75", "samples", "noise", "timing")} <= names:
+        p25, p75, noise = column("latency_p25"), column("latency_p75"), column("noise")
+        in_order = pc.and_(pc.greater_equal(p25, 0), pc.and_(pc.less_equal(p25, latency), pc.less_equal(latency, p75)))
+        rules += [
+            ("0 <= p25 <= latency <= p75 broken", pc.and_(pc.and_(_finite(p25), _finite(p75)), in_order)),
+            ("samples below 1", pc.greater_equal(column("samples"), 1)),
+            ("noise not finite and >= 0", pc.and_(_finite(noise), pc.greater_equal(noise, 0))),
+            (f"timing not one of {', '.join(TIMINGS)}", pc.is_in(column("timing"), value_set=pa.array(TIMINGS))),
+        ]
+    faults = []
+    for what, ok in rules:
+        bad = _bad(ok)
+        if where is not None:
+            bad = pc.and_(bad, pc.fill_null(where, False))
+        faults.append(Fault("R3", what, bad))
+    return [f for f in faults if f.count]
+
+
+def record_faults(records: pa.Table, now: datetime | None = None) -> list[Fault]:
+    """The rules over shard records (stats flattened to ``stats.<name>``): a status the runtime writes, an
+    attempt >= 1 and a recorded_at that passes the time rule, and a measured record's stats the measured rules."""
+    status = records["status"]
+    faults = [
+        Fault("R3", "status neither ok nor failed", _bad(pc.is_in(status, value_set=pa.array(["ok", "failed"])))),
+        Fault("R3", "attempt below 1", _bad(pc.greater_equal(records["attempt"], 1))),
+    ]
+    late = time_fault(records["recorded_at"], "recorded_at unparsable or in the future", now)
+    faults += [late] if late is not None else []
+    faults += measured_faults(records, "stats.", where=pc.equal(status, "ok"))
+    return [f for f in faults if f.count]
+
+
+def key_faults(table: pa.Table, schema: TableSchema, column_of: Callable[[str], str] | None = None) -> list[Fault]:
+    """Per key column, the rows whose value is not the one their case ID names. ``column_of``: a case field's
+    column in ``table`` (the schema's backend naming by default; the field's own name in a plan or candidates)."""
+    column_of = column_of or schema.column
+    op, dtype_field = schema.op.name, schema.op.dtype_field
+    ids = table["case_id"]
+    faults = []
+    for field in schema.key_fields:
+        if field == dtype_field:  # the ID's prefix: op:<dtype>:
+            pattern = rf"^{op}:(?P<v>[^:,]*):"
+        else:
+            pattern = rf"^{op}:[^:]*:(?:.*,)?{field}=(?P<v>[^,]*)(?:,|$)"
+        named = pc.struct_field(pc.extract_regex(ids, pattern), "v")
+        column = column_of(field)
+        held = pc.cast(table[column], pa.string())
+        bad = _bad(pc.equal(held, named))
+        fault = Fault("R6", f"{column} is not the one its case ID names", bad)
+        if fault.count:
+            faults.append(fault)
+    return faults
+
+
+def bad_time(value: str | None, now: datetime | None = None) -> str | None:
+    """What is wrong with a timestamp, or None when it parses (ISO 8601 with its UTC offset) and is not later
+    than now (give or take CLOCK_SKEW)."""
+    if not isinstance(value, str):
+        return f"{value!r} is not an ISO 8601 time"
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return f"{value!r} is not an ISO 8601 time"
+    if parsed.tzinfo is None:
+        return f"{value!r} has no UTC offset"
+    if parsed > (now or datetime.now(timezone.utc)) + CLOCK_SKEW:
+        return f"{value!r} is in the future"
+    return None
+
+
+def _valid_time(value: str) -> str:
+    problem = bad_time(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# a str field holding a timestamp that passes the time rule (provenance events, run events)
+Timestamp = Annotated[str, AfterValidator(_valid_time)]
+
+
+def time_fault(values: pa.ChunkedArray | pa.Array, what: str, now: datetime | None = None) -> Fault | None:
+    """Rows whose timestamp ``values`` break the time rule (each distinct value is parsed once)."""
+    now = now or datetime.now(timezone.utc)
+    distinct = pc.unique(values).to_pylist()
+    broken = [v for v in distinct if v is not None and bad_time(v, now) is not None]
+    bad = pc.fill_null(pc.is_in(values, value_set=pa.array(broken, pa.string())), False)
+    if None in distinct:
+        bad = pc.or_(bad, pc.is_null(values))
+    fault = Fault("R3", what, bad)
+    return fault if fault.count else None
+
+
+def tally(faults: list[Fault]) -> tuple[tuple[str, int], ...]:
+    """(rule, rows) with each row counted once, under the first rule it breaks (a record with no stats breaks
+    every measured rule: it is one latency fault)."""
+    counted = None
+    tallied = []
+    for fault in faults:
+        mask = fault.mask if counted is None else pc.and_(fault.mask, pc.invert(counted))
+        count = pc.sum(mask).as_py() or 0
+        if count:
+            tallied.append((fault.what, count))
+        counted = fault.mask if counted is None else pc.or_(counted, fault.mask)
+    return tuple(tallied)
+
+
+def any_fault(faults: list[Fault], rows: int) -> pa.ChunkedArray | pa.Array:
+    """The rows that break any of ``faults``."""
+    return reduce(pc.or_, (f.mask for f in faults), pc.fill_null(pa.nulls(rows, pa.bool_()), False))
