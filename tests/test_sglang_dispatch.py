@@ -27,13 +27,31 @@ def _group(dtype: str):
 
 
 def test_gemma4_heads_run_on_triton_below_sm100():
-    rule = attention._sglang_case
+    rule = attention._sglang_context_case
     swa = AttentionCase(1, 1024, 16, 8, 256, 1, "bfloat16", "bfloat16", 0, 1024)
     plain = AttentionCase(1, 1024, 16, 8, 256, 1, "bfloat16", "bfloat16", 0, 0)
     assert rule("90", "fa3", swa) == "triton" and rule("90", "fa3", plain) == "fa3"
     assert rule("100", "trtllm_mha", swa) == "trtllm_mha"
     assert attention._sglang("120", None) == "flashinfer" and attention._sglang("103", None) == "trtllm_mha"
     assert mla._sglang("90", None) == "flash_attention" and mla._sglang("100", None) == "trtllm_mla"
+
+
+def test_attention_backend_of_one_models_heads_is_its_server_args_choice():
+    """At SM100 ServerArgs gives Qwen3.5 triton and Step-3.5 fa4 (cases/selection/sglang-0.5.14.yaml); generic
+    heads, which several models share, keep trtllm_mha. SM90 stays fa3 (Gemma-4 triton), as the reference."""
+    qwen35 = AttentionCase(1, 1024, 6, 1, 256, 1, "bfloat16", "bfloat16", 0, 0)  # Qwen3.5-27B at TP 4
+    step = AttentionCase(1, 1024, 12, 1, 128, 1, "bfloat16", "fp8", 0, 512)  # Step-3.7-Flash sliding at TP 8
+    gemma4 = AttentionCase(1, 1024, 16, 2, 512, 1, "bfloat16", "bfloat16", 0, 0)
+    generic = AttentionCase(1, 1024, 32, 8, 128, 1, "bfloat16", "bfloat16", 0, 0)
+    for rule in (attention._sglang_context_case, attention._sglang_generation_case):
+        assert rule("100", "trtllm_mha", qwen35) == "triton" and rule("103", "trtllm_mha", qwen35) == "triton"
+        assert rule("100", "trtllm_mha", step) == "fa4"
+        assert rule("100", "trtllm_mha", gemma4) == "trtllm_mha" and rule("100", "trtllm_mha", generic) == "trtllm_mha"
+        assert [rule("90", "fa3", c) for c in (qwen35, step, gemma4, generic)] == ["fa3", "fa3", "triton", "fa3"]
+        assert rule("120", "flashinfer", qwen35) == "flashinfer"  # no file answer for SM120: the hand rule
+        assert rule("120", "flashinfer", gemma4) == "triton"
+    assert attention.CONTEXT.case_dispatch["sglang"] is attention._sglang_context_case
+    assert attention.GENERATION.case_dispatch["sglang"] is attention._sglang_generation_case
 
 
 def test_moe_by_model():

@@ -253,3 +253,61 @@ def test_deepgemm_precompile_is_off_before_sglang_reads_it_and_restored(monkeypa
     with context.sglang_context("cpu", moe_runner_backend="auto"):
         pass
     assert seen["module"] is False and sys.modules[_CompileUtilsFinder.NAME]._ENABLE_JIT_DEEPGEMM_PRECOMPILE is True
+
+
+QWEN3 = {"hidden": 4096, "inter": 1536, "topk": 8, "experts": 128}  # Qwen3-235B-A22B's experts
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8", "fp8_block"])
+def test_runner_backend_is_what_the_plan_dispatch_names_at_sm100(fake_sglang, monkeypatch, dtype):
+    """ServerArgs gives Qwen3 MoE flashinfer_trtllm on SM100 (server_args.py:4152-4177); the plan reads that from
+    SGLang's selection and the runner installs what the plan row names, not its own hand rule (auto)."""
+    from opcollect.plans.moe import _sglang, _sglang_case
+
+    monkeypatch.setattr(moe, "sm_major", lambda device: 10)
+    monkeypatch.setattr(moe, "quant_config", lambda dtype: None)  # the fake FusedMoE takes any quant config
+    c = case(dtype, **QWEN3)
+    dispatch = _sglang_case("100", _sglang("100", types.SimpleNamespace(dtype=dtype)), c)
+    assert dispatch == "sglang_flashinfer_trtllm_moe"
+    moe.prepare(c, dispatch, "cpu", 1)
+    assert fake_sglang["server_args"][0]["moe_runner_backend"] == "flashinfer_trtllm"
+
+
+def test_server_backend_follows_the_label_and_keeps_auto_where_auto_resolves_to_it():
+    deepseek_v4_pro = {"hidden": 7168, "inter": 3072, "topk": 6, "experts": 384}
+    gpt_oss = {"hidden": 2880, "inter": 2880, "topk": 4, "experts": 32}
+    nemotron = {"hidden": 2688, "inter": 1856, "topk": 6, "experts": 128}
+    rows = [  # (case, dispatch, SM major, --moe-runner-backend)
+        (case("fp8_block", **QWEN3), "sglang_flashinfer_trtllm_moe", 10, "flashinfer_trtllm"),
+        # DeepSeek-V4's own hook leaves auto (Triton) where the DeepSeek-V3 hand rule says flashinfer_trtllm
+        (case("fp8_block", **deepseek_v4_pro), "sglang_fused_moe_triton", 10, "auto"),
+        (case("nvfp4", **deepseek_v4_pro), "sglang_flashinfer_trtllm_routed_moe", 10, "flashinfer_trtllm_routed"),
+        # NVFP4 auto resolves to flashinfer_trtllm on SM100: auto stays (the method differs when it is explicit)
+        (case("nvfp4", **QWEN3), "sglang_flashinfer_trtllm_moe", 10, "auto"),
+        (case("nvfp4", **nemotron), "sglang_flashinfer_trtllm_moe", 10, "flashinfer_trtllm"),  # its hook sets it
+        (case("nvfp4", **nemotron), "sglang_marlin_moe", 9, "marlin"),
+        (case("w4a16_mxfp4", **gpt_oss), "sglang_flashinfer_trtllm_moe", 10, "flashinfer_mxfp4"),  # shared label
+        (case("bfloat16", **QWEN3), "sglang_fused_moe_triton", 9, "auto"),
+        (case("bfloat16", **QWEN3), "bfloat16", 10, "auto"),  # no runner label: the hand rules
+    ]
+    for c, dispatch, sm, expected in rows:
+        assert moe.server_backend(c, dispatch, sm) == expected, (c, dispatch, sm)
+    # triton_kernel depends on the image's packages, which the plan does not see: the runtime's rule holds
+    assert moe.server_backend(case("w4a16_mxfp4", **gpt_oss), "sglang_fused_moe_triton", 9, True) == "triton_kernel"
+    assert moe.label_backend("sglang_marlin_moe_situ_as_silu", "w4a16_mxfp4") == "marlin"
+    assert moe.label_backend("sglang_flashinfer_trtllm_moe", "nvfp4") == "flashinfer_trtllm"
+    assert moe.label_backend("sglang_unknown_moe", "nvfp4") is None
+
+
+def test_sm90_plan_labels_keep_the_runner_backend_of_the_hand_rules():
+    """At SM90 the plan's labels (100% against the H200 reference, which has no NVFP4 rows) lead to what the hand
+    rules installed."""
+    from opcollect.plans.moe import _sglang, _sglang_case
+    from opcollect.plans.selection_sglang import MOE_ARCHITECTURE
+
+    for hidden, inter, topk, experts in [*MOE_ARCHITECTURE, (3584, 3072, 16, 896), (1024, 1024, 4, 64)]:
+        for dtype in ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4"):
+            for ep in (1, 8):
+                c = case(dtype, hidden=hidden, inter=inter, topk=topk, experts=experts, ep=ep)
+                dispatch = _sglang_case("90", _sglang("90", types.SimpleNamespace(dtype=dtype)), c)
+                assert moe.server_backend(c, dispatch, 9) == moe.runner_backend(c, 9), (c, dispatch)

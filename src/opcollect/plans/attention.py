@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import AttentionGrid, ContextAttentionGrid, GenerationAttentionGrid
 from opcollect.cases.profiles import ModelShapes
-from opcollect.plans import selection
+from opcollect.plans import selection, selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
 
@@ -212,11 +212,49 @@ def _gemma4(case: AttentionCase) -> bool:
     return case.head_dim == 512 or (case.head_dim == 256 and case.window_size == 1024)
 
 
-@refines(("head_dim", "window_size"))
-def _sglang_case(sm: str, dispatch: str, case: AttentionCase) -> str:
+def _sglang_architecture(case: AttentionCase) -> str | None:
+    """The architecture whose ServerArgs serves this head config, where only one model in the grids has it (the
+    grid's model_heads, cases/base_ops/attention_*.yaml); None for the generic sweeps' configs, which several
+    models share (NemotronH's heads among them: its flashinfer at SM100 is not applied for that reason)."""
+    if _gemma4(case):
+        return "Gemma4ForConditionalGeneration"
+    if case.head_dim == 128 and case.window_size == 512:  # Step-3.7-Flash's sliding layers, per rank
+        return "Step3p5ForCausalLM"
+    if case.head_dim == 192:  # MiMo-V2-Flash's full and sliding layers, per rank
+        return "MiMoV2FlashForCausalLM"
+    if (case.num_heads, case.num_key_value_heads, case.head_dim, case.window_size) in ((3, 1, 256, 0), (6, 1, 256, 0)):
+        # Qwen3.5-27B at TP 8 and 4 (its TP 1 and 2 configs are in the generic sweep)
+        return "Qwen3_5ForConditionalGeneration"
+    return None
+
+
+def _sglang_rule(dispatch: str, case: AttentionCase) -> str:
     # Gemma-4 runs on triton wherever trtllm_mha does not (server_args.py:4057-4084:
     # _handle_model_specific_adjustments)
     return "triton" if _gemma4(case) and dispatch != "trtllm_mha" else dispatch
+
+
+def _sglang_phase(phase: str):
+    """The case rule of one phase: the prefill or decode attention backend SGLang 0.5.14's ServerArgs leaves for
+    the head config's model (cases/selection/sglang-0.5.14.yaml, from scripts/selection_tables_sglang.py; e.g.
+    Qwen3.5 triton and Step-3.5 fa4 on SM100), labelled with the backend's name as the reference does; the
+    hand rule where the file has no answer or the config is not one model's."""
+
+    @refines(("num_heads", "num_key_value_heads", "head_dim", "window_size", "kv_cache_dtype"))
+    def rule(sm: str, dispatch: str, case: AttentionCase) -> str:
+        architecture = _sglang_architecture(case)
+        if architecture is not None:
+            chosen = selection_sglang.attention_backend(sm, architecture, case.kv_cache_dtype, phase)
+            if chosen is not None:
+                return chosen
+        return _sglang_rule(dispatch, case)
+
+    rule.__name__ = f"_sglang_{phase}_case"
+    return rule
+
+
+_sglang_context_case = _sglang_phase("prefill")
+_sglang_generation_case = _sglang_phase("decode")
 
 
 def _trtllm(sm: str, group: Group) -> str:
@@ -245,7 +283,7 @@ CONTEXT = OpPlan(
     expand=expand_context,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
-    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case, "trtllm": _trtllm_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_context_case, "trtllm": _trtllm_case},
     cost=_context_cost,
 )
 
@@ -259,6 +297,6 @@ GENERATION = OpPlan(
     expand=expand_generation,
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
-    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case, "trtllm": _trtllm_case},
+    case_dispatch={"vllm": _vllm_case, "sglang": _sglang_generation_case, "trtllm": _trtllm_case},
     cost=_generation_cost,
 )

@@ -5,8 +5,9 @@ Quant config per moe_dtype, as serving loads the checkpoint: bfloat16 None (Unqu
 fp8_block Fp8Config (quantization/fp8.py:147-200); int4_wo compressed-tensors pack-quantized int4, served by
 CompressedTensorsWNA16MoE with MARLIN hard-coded (compressed_tensors/compressed_tensors.py:676-698,
 schemes/compressed_tensors_wNa16_moe.py:412-416); w4a16_mxfp4 Mxfp4Config (quantization/mxfp4.py:243-249);
-nvfp4 ModelOptFp4Config. The runner backend is what server_args would set for the model (runner_backend below),
-installed through sglang_context; the label comes from the backend the built layer's runner holds.
+nvfp4 ModelOptFp4Config. The runner backend is the one the plan row's dispatch names, which the plan reads from
+SGLang's own ServerArgs per model and SM (server_backend below; runner_backend's hand rules where the dispatch names
+no runner), installed through sglang_context; the label comes from the backend the built layer's runner holds.
 The layer is one real EP rank, as serving builds it: FusedMoE is given the global expert count and inter size and
 reads moe_ep_size / moe_tp_size / rank 0 from get_parallel() (fused_moe_triton/layer.py:197-217), so it holds E/ep
 experts at inter/tp, the standard dispatcher maps other ranks' experts to -1 (token_dispatcher/standard.py:168-208)
@@ -98,8 +99,12 @@ def runner_backend(case, sm_major: int, triton_kernels: bool = False, quantizati
     ``quantization`` is the launch's --quantization: None for the checkpoints here, whose own quantization_config
     names the format (server_args.py:3914-3934 reads the flag, not the checkpoint)."""
     dtype, sm100 = case.moe_dtype, sm_major == 10
-    if dtype == "bfloat16" and _nemotron_h(case):  # apply_nemotron_h_defaults (arg_groups/nemotron_h_hook.py:36-58)
-        return "flashinfer_trtllm" if sm100 else "flashinfer_cutlass"
+    if dtype in ("bfloat16", "nvfp4") and _nemotron_h(case):
+        # apply_nemotron_h_defaults (arg_groups/nemotron_h_hook.py:36-58): unquantized or modelopt checkpoints;
+        # NVFP4 takes Marlin on SM80-SM90
+        if sm100:
+            return "flashinfer_trtllm"
+        return "marlin" if dtype == "nvfp4" and sm_major in (8, 9) else "flashinfer_cutlass"
     if sm100 and case.hidden_size == DEEPSEEK_HIDDEN and dtype != "w4a16_mxfp4":
         return "flashinfer_trtllm"  # DeepSeek-V3 / Kimi-K2.5 with no all-to-all (server_args.py:3683-3737)
     if dtype == "w4a16_mxfp4":
@@ -114,6 +119,57 @@ def runner_backend(case, sm_major: int, triton_kernels: bool = False, quantizati
         if case.moe_ep_size == 1 and triton_kernels and quantization is None:
             return "triton_kernel"  # gpt-oss with triton_kernels available (server_args.py:3914-3934)
     return "auto"  # Triton for bf16 / fp8 (unquant.py:405-421, fp8.py:889-903); int4 Marlin; nvfp4 per SM
+
+
+# --moe-runner-backend values (server_args.py:231-245) and what "auto" resolves to in the quant method at layer build
+RUNNER_BACKENDS = ("deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "experimental_sgl_trtllm",
+                   "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl",
+                   "cutlass", "aiter", "marlin")  # fmt: skip
+SITU_SUFFIX = "_situ_as_silu"
+
+
+def label_backend(dispatch: str, dtype: str) -> str | None:
+    """The --moe-runner-backend a plan row's dispatch label names (LABELS inverted), None where the dispatch is no
+    runner label (a dtype, a plan without SGLang's selection). flashinfer_trtllm and flashinfer_mxfp4 share a label:
+    MXFP4 experts take flashinfer_mxfp4 (gpt-oss, server_args.py:3876-3881)."""
+    name = dispatch.removesuffix(SITU_SUFFIX)
+    if name == LABELS["flashinfer_mxfp4"] and dtype == "w4a16_mxfp4":
+        return "flashinfer_mxfp4"
+    for value, label in LABELS.items():
+        if label == name:
+            return value
+    value = name.removeprefix("sglang_").removesuffix("_moe")  # kernel_name's fallback label sglang_<value>_moe
+    return value if name == f"sglang_{value}_moe" and value in RUNNER_BACKENDS else None
+
+
+def auto_backend(dtype: str, sm_major: int) -> str:
+    """What the quant method makes of --moe-runner-backend auto on CUDA without an all-to-all."""
+    if dtype == "nvfp4":  # ModelOptNvFp4FusedMoEMethod.create_moe_runner (modelopt_quant.py:2317-2324)
+        return "marlin" if sm_major in (8, 9) else "flashinfer_trtllm"
+    if dtype == "int4_wo":  # CompressedTensorsWNA16MoE, Marlin (compressed_tensors/compressed_tensors.py:689-697)
+        return "marlin"
+    # unquant.py:405-421 (triton_kernel only when set), fp8.py:1793-1803 (DeepGEMM only with DeepEP/Mooncake/NIXL),
+    # mxfp4.py:1016-1023 (triton_kernel only when set)
+    return "triton"
+
+
+def server_backend(case, dispatch: str, sm_major: int, triton_kernels: bool = False,
+                   quantization: str | None = None) -> str:  # fmt: skip
+    """The --moe-runner-backend to install: the runner the plan row's dispatch names (the plan reads it from
+    SGLang's own ServerArgs per model and SM, cases/selection), else the hand rules of runner_backend.
+
+    "auto" stays where the plan's runner is what auto resolves to and the hand rules leave auto (or name another
+    explicit runner the plan overrules, e.g. DeepSeek-V4's fp8_block experts): an explicit value differs from
+    auto in some quant methods (ModelOptNvFp4FusedMoEMethod's enable_flashinfer_trtllm_moe,
+    modelopt_quant.py:1781-1784; int4 "triton" takes CompressedTensorsWNA16TritonMoE,
+    compressed_tensors.py:689-697). triton_kernel depends on the image's packages (server_args.py:3914-3934),
+    which the plan does not see: the hand rule keeps it, and a plan that says otherwise shows as a dispatch
+    mismatch. verified_on: sglang==0.5.14"""
+    hand = runner_backend(case, sm_major, triton_kernels, quantization)
+    wanted = label_backend(dispatch, case.moe_dtype)
+    if wanted is None or wanted == hand or hand == "triton_kernel":
+        return hand
+    return "auto" if wanted == auto_backend(case.moe_dtype, sm_major) else wanted
 
 
 def quant_config(dtype: str):
@@ -205,7 +261,7 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     from opcollect.backends.sglang.moe_routing import router_logits, router_spec, routing_kwargs, topk_layer, topk_timed
     from opcollect.runtime.timing import random_tensor
 
-    backend = runner_backend(case, sm_major(device), is_triton_kernels_available(), QUANTIZATION)
+    backend = server_backend(case, dispatch, sm_major(device), is_triton_kernels_available(), QUANTIZATION)
     args = {"moe_runner_backend": backend}
     spec = router_spec(case)
     # rank 0 of moe_tp x moe_ep, as serving sets it without attention DP: tp_size = moe_tp * moe_ep, moe_ep_size =
