@@ -16,6 +16,10 @@ A mutant is caught when its tests fail (or hang past the timeout), missed when t
     .venv/bin/python scripts/mutants.py --only NAME     # one mutant (repeatable)
     .venv/bin/python scripts/mutants.py --check         # only check that every snippet is found once
     .venv/bin/python scripts/mutants.py --list
+    .venv/bin/python scripts/mutants.py --blind scripts/blind_mutants.json   # mutants written without the tests
+
+A blind file lists mutants ({"name", "path", "old", "new"}) written by someone who has not read the tests; each
+runs against the test files that import its module (covering_tests), so nobody picks the tests that catch it.
 
 Before the mutants, a baseline runs every mutant's tests on an unmodified copy: a test that already
 fails would "catch" anything, so a failing baseline stops the script (``--no-baseline`` skips it).
@@ -25,7 +29,9 @@ Always exits 0 unless the script itself cannot run (a snippet not found exactly 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +76,24 @@ class Mutant:
 
 def m(name: str, path: str, old: str, new: str, *tests: str) -> Mutant:
     return Mutant(name, path, old, new, tests)
+
+
+def covering_tests(path: str) -> tuple[str, ...]:
+    """The test files that import the module at ``path`` (under src/opcollect), by its dotted name or as
+    ``from opcollect.<package> import <module>``: the tests a module's author would run; for a module only the
+    CLI reaches, the test files named for it (test_*<module>*.py)."""
+    dotted = "opcollect." + path.removesuffix(".py").replace("/", ".")
+    package, _, module = dotted.rpartition(".")
+    pattern = re.compile(rf"\b{re.escape(dotted)}\b|from {re.escape(package)} import [^\n]*\b{module}\b")
+    tests = sorted((ROOT / "tests").glob("test_*.py"))
+    found = [test for test in tests if pattern.search(test.read_text())]
+    found = found or [test for test in tests if module in test.stem]
+    return tuple(str(test.relative_to(ROOT)) for test in found)
+
+
+def blind_mutants(path: Path) -> list[Mutant]:
+    entries = json.loads(path.read_text())
+    return [Mutant(e["name"], e["path"], e["old"], e["new"], covering_tests(e["path"])) for e in entries]
 
 
 MUTANTS: list[Mutant] = [
@@ -961,21 +985,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmodified run of the tests")
     parser.add_argument("--check", action="store_true", help="only check that every snippet is found once")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--blind", type=Path, metavar="FILE", help="the mutants of a JSON file, tests chosen by import")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of each pytest output")
     args = parser.parse_args(argv)
 
-    names = [mutant.name for mutant in MUTANTS]
+    mutants = blind_mutants(args.blind) if args.blind else MUTANTS
+    names = [mutant.name for mutant in mutants]
     if len(set(names)) != len(names):
         raise SystemExit("two mutants share a name")
-    chosen = MUTANTS
+    uncovered = [mutant.name for mutant in mutants if not mutant.tests]
+    if uncovered:
+        raise SystemExit(f"no test file imports the module of {', '.join(uncovered)}")
+    chosen = mutants
     if args.only:
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             raise SystemExit(f"--only: unknown mutant {unknown[0]!r}; see --list")
-        chosen = [mutant for mutant in MUTANTS if mutant.name in args.only]
+        chosen = [mutant for mutant in mutants if mutant.name in args.only]
     if args.list:
         for mutant in chosen:
-            print(f"{mutant.name:45} src/opcollect/{mutant.path}")
+            print(f"{mutant.name:45} src/opcollect/{mutant.path}  {' '.join(mutant.tests)}")
         return 0
     for mutant in chosen:
         if mutant.old == mutant.new:
