@@ -1,12 +1,16 @@
 """Typed models of cases/base_ops/*.yaml: one sweep grid per op family, with narrowed grids per SM.
 
 Every file has ``schema_version``, ``op``, a ``grid`` used on GPUs and ``narrowed``: whole grids that
-replace it on the named SMs (``cpu`` keeps its grids small enough for one core).
+replace it on the named SMs (``cpu`` keeps its grids small enough for one core). ``by_sm`` lists what
+the frameworks run on some SMs beyond the grid: each entry names its SMs, says why, and gives values
+appended to list fields of the grid there (a dtype, a precision, a projection type). An SM with
+additions gets the grid plus them as its narrowed grid, so every other SM plans exactly the grid.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Generic, Literal, TypeVar
+from copy import deepcopy
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -242,14 +246,63 @@ class CustomAllreduceGrid(Frozen):
 G = TypeVar("G", bound=Frozen)
 
 
+class SmAddition(Frozen):
+    """Values the grid gains on ``sms``: what the frameworks can run there and not on every SM."""
+
+    sms: Annotated[list[SM], Distinct] = Field(min_length=1)
+    why: str = Field(min_length=1, description="the framework source that makes these cases exist there")
+    add: dict[str, list[Any]] = Field(min_length=1, description="grid field -> values appended to it")
+
+
 class OpFile(Frozen, Generic[G]):
     schema_version: Literal[1]
     op: str
     grid: G
     narrowed: dict[SM, G] = {}
+    by_sm: list[SmAddition] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_additions(cls, data: Any) -> Any:
+        """Give each SM named in ``by_sm`` the grid plus its additions as a narrowed grid."""
+        if not isinstance(data, dict) or not data.get("by_sm") or not isinstance(data.get("grid"), dict):
+            return data
+        entries = data["by_sm"]
+        if not isinstance(entries, list):
+            return data  # the field's own validation names the type error
+        narrowed = dict(data.get("narrowed") or {})
+        grown: dict[str, dict] = {}
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("add"), dict):
+                continue
+            for field, values in entry["add"].items():
+                base = data["grid"].get(field)
+                if not isinstance(base, list) or not isinstance(values, list):
+                    raise ValueError(f"by_sm.{index}.add.{field}: the grid has no list field {field!r} to add to")
+                for value in values:
+                    if value in base:
+                        raise ValueError(f"by_sm.{index}.add.{field}: {value!r} is in the grid already, on every SM")
+            for sm in entry.get("sms") or []:
+                if sm not in SMS:
+                    continue  # the field's own validation names it
+                if sm in narrowed:
+                    raise ValueError(
+                        f"by_sm.{index}: SM {sm} has a narrowed grid; add its values there instead of in by_sm"
+                    )
+                grid = grown.setdefault(str(sm), deepcopy(data["grid"]))
+                for field, values in entry["add"].items():
+                    for value in values:
+                        if value in grid[field]:
+                            raise ValueError(f"by_sm.{index}.add.{field}: {value!r} is added to SM {sm} twice")
+                        grid[field].append(deepcopy(value))
+        return {**data, "narrowed": {**narrowed, **grown}}
 
     def grid_for(self, sm: str) -> G:
         return self.narrowed.get(sm, self.grid)  # type: ignore[arg-type]
+
+    def additions_for(self, sm: str) -> list[SmAddition]:
+        """The ``by_sm`` entries that grow the grid on ``sm``."""
+        return [entry for entry in self.by_sm if sm in entry.sms]
 
 
 GRID_TYPES: dict[str, type[Frozen]] = {

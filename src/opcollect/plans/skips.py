@@ -25,6 +25,7 @@ from opcollect.names import GPU_SMS
 GROUP_KEYS = ("backend", "op", "sm", "dtype", "dispatch")
 ATTENTION = ["attention_context", "attention_generation"]
 MLA = ["mla_context", "mla_generation"]
+MLA_MODULE = ["mla_context_module", "mla_generation_module"]
 MAX_RANKS = 1024  # split-size values a parallelism entry lists: every count up to this
 
 
@@ -238,8 +239,11 @@ SKIPS: list[Skip] = [
     # TensorRT-LLM's MLA has no compute-dtype switch besides its KV cache (attention_backend/trtllm.py: the MLA
     # context and generation paths take the model's bf16 query), so an fp8 mla_dtype row would time the bf16
     # kernel on an fp8 cache under another label; the reference records mla_dtype bfloat16 only (aiconfigurator
-    # collector/trtllm/collect_mla.py:654, collect_mla_module.py:158-159). verified_on: trtllm==1.3.0rc23
-    skip("trtllm-mla-bf16-compute", backend="trtllm", op=MLA, mla_dtype="fp8"),
+    # collector/trtllm/collect_mla.py:654, collect_mla_module.py:158-159). The whole module too: its attention is
+    # the same backend, and the reference sweeps compute_dtype bfloat16 only (collect_mla_module.py:175-197), where
+    # the grid adds vLLM's fp8 prefill query on SM100/103 (cases/base_ops/mla_context_module.yaml by_sm).
+    # verified_on: trtllm==1.3.0rc23
+    skip("trtllm-mla-bf16-compute", backend="trtllm", op=[*MLA, *MLA_MODULE], mla_dtype="fp8"),
     # Plain PyTorch has no MLA module, and SGLang's reference holds the kernel tables only; TensorRT-LLM's
     # reference has both, and so do its plans. verified_on: sglang==0.5.14 torch==2.13.0
     skip("mla-module-not-timed", backend=["torch", "sglang"], op=["mla_context_module", "mla_generation_module"]),
