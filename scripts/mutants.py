@@ -78,16 +78,24 @@ def m(name: str, path: str, old: str, new: str, *tests: str) -> Mutant:
     return Mutant(name, path, old, new, tests)
 
 
-def covering_tests(path: str) -> tuple[str, ...]:
-    """The test files that import the module at ``path`` (under src/opcollect), by its dotted name or as
-    ``from opcollect.<package> import <module>``: the tests a module's author would run; for a module only the
-    CLI reaches, the test files named for it (test_*<module>*.py)."""
-    dotted = "opcollect." + path.removesuffix(".py").replace("/", ".")
+def _importers(dotted: str, files) -> list[Path]:
     package, _, module = dotted.rpartition(".")
     pattern = re.compile(rf"\b{re.escape(dotted)}\b|from {re.escape(package)} import [^\n]*\b{module}\b")
+    return [f for f in files if pattern.search(f.read_text())]
+
+
+def covering_tests(path: str) -> tuple[str, ...]:
+    """The test files that import the module at ``path`` (under src/opcollect), by its dotted name or as
+    ``from opcollect.<package> import <module>``: the tests a module's author would run. For a module no test
+    imports, the test files named for it (test_*<module>*.py), else those importing a module that imports it."""
+    dotted = "opcollect." + path.removesuffix(".py").replace("/", ".")
     tests = sorted((ROOT / "tests").glob("test_*.py"))
-    found = [test for test in tests if pattern.search(test.read_text())]
-    found = found or [test for test in tests if module in test.stem]
+    found = _importers(dotted, tests) or [t for t in tests if dotted.rpartition(".")[2] in t.stem]
+    if not found:
+        src = ROOT / "src"
+        parents = _importers(dotted, sorted(src.rglob("*.py")))
+        dotted_parents = [".".join(p.relative_to(src).with_suffix("").parts) for p in parents]
+        found = sorted({t for parent in dotted_parents for t in _importers(parent, tests)})
     return tuple(str(test.relative_to(ROOT)) for test in found)
 
 
