@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from conftest import fake_run, gemm_plan, run_cli
+from conftest import REFERENCE, ROOT, fake_run, gemm_plan, run_cli
+from crafted_plans import crafted, rename_op, set_column, set_key, set_op_key
 
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
@@ -194,6 +195,75 @@ def drop(*keys: str):
     return change
 
 
+# --- value rules (issue 21): merge admits only rows that pass them, check enforces them ---------------------
+
+
+def perf_column(column: str, value, row: int | None = None):
+    """Set a column of the template's gemm_perf.parquet to ``value`` (in one ``row``, or all)."""
+
+    def setup(c: Ctx) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = c.path(PERF)
+        table = pq.read_table(path)
+        values = table[column].to_pylist()
+        values = [value if row is None or i == row else v for i, v in enumerate(values)]
+        index = table.schema.get_field_index(column)
+        pq.write_table(table.set_column(index, column, pa.array(values, table.schema.field(column).type)), path)
+
+    return setup
+
+
+def run_plan_of(k: object):
+    """Replace {run}'s plan by one whose single GEMM case has this k (hashes made to agree: a crafted plan)."""
+
+    def setup(c: Ctx) -> None:
+        from opcollect.plans.hashes import collector_hash
+        from opcollect.plans.planfile import write_plan
+        from opcollect.plans.planner import plan_of_cases
+
+        plan = plan_of_cases("vllm", "90", "gemm", [GemmCase("bfloat16", 1, 8, k)], "cutlass", collector_hash(ROOT))
+        write_plan(plan, c.run / "plan.json")
+        identity = json.loads((c.run / "run.json").read_text())
+        stored = json.loads((c.run / "plan.json").read_text())
+        identity.update(plan_hash=stored["plan_hash"], content_hash=stored["content_hash"])
+        (c.run / "run.json").write_text(json.dumps(identity))
+
+    return setup
+
+
+def table_a_directory(c: Ctx) -> None:
+    path = c.path(PERF)
+    path.unlink()
+    path.mkdir()
+
+
+def event_field(key: str, value=None, *, remove: bool = False):
+    def change(data) -> None:
+        if remove:
+            del data[key]
+        else:
+            data[key] = value
+
+    return edit_json("{run}/events/r1.json", change)
+
+
+def link_outside(c: Ctx, rel: str, directory: bool = False) -> None:
+    """Make TABLES/rel a symbolic link out of the tree: to {tmp}/elsewhere (a directory), or to
+    {tmp}/outside.parquet holding the file's own bytes (so its manifest hash still agrees)."""
+    path = c.tables / rel
+    if directory:
+        (c.tmp / "elsewhere").mkdir()
+        (c.tmp / "elsewhere" / "gemm_perf.parquet").write_bytes(b"x")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(c.tmp / "elsewhere")
+        return
+    (c.tmp / "outside.parquet").write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(c.tmp / "outside.parquet")
+
+
 # --- the table -----------------------------------------------------------------------------------------
 
 
@@ -220,6 +290,10 @@ PERF = "{tables}/" + DIR + "/gemm_perf.parquet"
 FAILURES = "{tables}/" + DIR + "/.opcollect/gemm_failures.parquet"
 MANIFEST = "{tables}/manifest.json"
 PINS = "{tree}/pins.yaml"
+CHECK = ("check", "{tables}")
+MERGE_RUN = ("merge", "{run}", "--into", "{tmp}/new-tables")
+PERF_RULE = "{tables}/" + DIR + "/gemm_perf.parquet: "
+EVENT = "{run}/events/r1.json: "
 
 ROWS = [
     # --- case YAML, model profiles, systems, pins -------------------------------------------------------
@@ -678,7 +752,7 @@ ROWS = [
     Row(
         "read-only-plan",
         (*PLAN, "-o", "{tmp}/ro/p.json"),
-        "-o {tmp}/ro/p.json: read-only file system (at {tmp}/ro/",
+        "-o {tmp}/ro/p.json: read-only file system; choose",  # the target, never its temporary file (D41)
         readonly,
     ),
     Row(
@@ -707,6 +781,497 @@ ROWS = [
         "--into {tmp}/ro/tables: read-only file system (at {tmp}/ro/",
         readonly,
     ),
+    # --- value rules (issue 21): merge admits only rows that pass them, check enforces them --------------
+    Row(
+        "check-samples-zero", CHECK, "R3 violation: " + PERF_RULE + "samples below 1", perf_column("samples", 0), code=1
+    ),
+    Row("check-samples-negative", CHECK, PERF_RULE + "samples below 1", perf_column("samples", -3, row=1), code=1),
+    Row("check-noise-nan", CHECK, PERF_RULE + "noise not finite and >= 0", perf_column("noise", float("nan")), code=1),
+    Row("check-noise-negative", CHECK, PERF_RULE + "noise not finite and >= 0", perf_column("noise", -0.5), code=1),
+    Row(
+        "check-noise-nan-is-noisy-too",
+        (*CHECK, "--strict"),
+        "R7 violation: " + PERF_RULE + "1 rows with noise above 0.05",
+        perf_column("noise", float("nan"), row=0),
+        code=1,
+    ),
+    Row(
+        "check-timing-bogus",
+        CHECK,
+        PERF_RULE + "timing not one of graph, eager, cpu",
+        perf_column("timing", "bogus"),
+        code=1,
+    ),
+    Row(
+        "check-latency-zero",
+        CHECK,
+        PERF_RULE + "latency not finite and positive",
+        perf_column("latency", 0.0, row=0),
+        code=1,
+    ),
+    Row(
+        "check-key-contradicts-case-id",
+        CHECK,
+        "R6 violation: " + PERF_RULE + "m is not the one its case ID names: gemm:bfloat16:m=8,n=1024,k=1024",
+        perf_column("m", 4096, row=1),
+        code=1,
+    ),
+    Row(
+        "check-provenance-collected-at-not-a-date",
+        CHECK,
+        "R5 violation: {tables}/" + DIR + "/.opcollect/provenance.yaml: field 'tables.gemm_perf.events.0.collected_at'"
+        ": Value error, 'not a date' is not an ISO 8601 time",
+        replace(
+            "{tables}/" + DIR + "/.opcollect/provenance.yaml",
+            "collected_at: '2026-",
+            "collected_at: 'not a date' # '2026-",
+        ),
+        code=1,
+    ),
+    Row(
+        "check-a-file-the-consumer-takes-for-a-table",
+        CHECK,
+        "{tables}/" + DIR + ": taken for tables by the consumer, not in collection_meta.yaml: gemm_perf.parquet.bak",
+        lambda c: shutil.copy(c.path(PERF), c.path(PERF + ".bak")),
+        code=1,
+    ),
+    Row(
+        "check-a-version-directory-without-sidecar",
+        CHECK,
+        "h200_sxm/gemm/vllm/0.25.0: taken for tables by the consumer, no collection_meta.yaml: gemm_perf.parquet",
+        lambda c: shutil.copytree(
+            c.path(PERF).parent,
+            c.tables / "h200_sxm/gemm/vllm/0.25.0",
+            ignore=shutil.ignore_patterns("collection_meta.yaml"),
+        ),
+        code=1,
+    ),
+    Row(
+        "merge-event-collected-at-not-a-date",
+        MERGE_RUN,
+        EVENT + "field 'collected_at': Value error, 'not a date' is not an ISO 8601 time",
+        event_field("collected_at", "not a date"),
+    ),
+    Row(
+        "merge-event-collected-at-a-number",
+        MERGE_RUN,
+        EVENT + "field 'collected_at': Input should be a valid string",
+        event_field("collected_at", 12345),
+    ),
+    Row(
+        "merge-event-collected-at-in-the-future",
+        MERGE_RUN,
+        EVENT + "field 'collected_at': Value error, '2999-01-01T00:00:00+00:00' is in the future",
+        event_field("collected_at", "2999-01-01T00:00:00+00:00"),
+    ),
+    Row(
+        "merge-event-collected-at-without-offset",
+        MERGE_RUN,
+        "'2026-11-30T00:00:00' has no UTC offset",
+        event_field("collected_at", "2026-11-30T00:00:00"),
+    ),
+    Row(
+        "merge-event-finished-at-not-a-date",
+        MERGE_RUN,
+        EVENT + "field 'finished_at': Value error, 'soon' is not",
+        event_field("finished_at", "soon"),
+    ),
+    Row(
+        "merge-event-without-finished-at",
+        MERGE_RUN,
+        EVENT + "field 'finished_at': missing required field",
+        event_field("finished_at", remove=True),
+    ),
+    Row(
+        "merge-event-without-shard",
+        MERGE_RUN,
+        EVENT + "field 'shard': missing required field",
+        event_field("shard", remove=True),
+    ),
+    Row(
+        "merge-event-a-list", MERGE_RUN, EVENT + "not a run event (a JSON object)", write("{run}/events/r1.json", "[]")
+    ),
+    Row("merge-plan-k-beyond-int64", MERGE_RUN, "plan.json: field 'ops.gemm.columns.k'", run_plan_of(10**400)),
+    Row("merge-plan-k-infinite", MERGE_RUN, "plan.json: field 'ops.gemm.columns.k'", run_plan_of(float("inf"))),
+    Row(
+        "plan-against-a-table-that-is-a-directory",
+        ("plan", "--backend", "vllm", "--sm", "90", "--ops", "gemm", "--smoke", "--against", "{tables}"),
+        "--against {tables}: " + DIR + "/gemm_perf.parquet is a directory, not a table",
+        table_a_directory,
+    ),
+    Row(
+        "compare-tables-of-two-ops",
+        ("compare", "{tables}", str(REFERENCE / "attention")),
+        "attention: no gemm_perf table to compare with OLD's {tables}/" + DIR + "/gemm_perf.parquet (found: "
+        "context_attention_perf, generation_attention_perf); give two tables of one op",
+    ),
+    # plans, backends and interrupts (issue 21 D2, D14, D15, D40, D43): crafted plans carry hashes that agree
+    Row(
+        "run-plan-backend-a-module",
+        RUN,
+        "field 'backend': 'this' is not one of torch",
+        crafted(set_key("backend", "this")),
+    ),
+    Row(
+        "run-plan-backend-a-dotted-module",
+        RUN,
+        "field 'backend': 'os.path' is not one of torch",
+        crafted(set_key("backend", "os.path")),
+    ),
+    Row("run-plan-op-unknown", RUN, "field 'ops.foo': is not an op opcollect runs", crafted(rename_op("gemm", "foo"))),
+    Row(
+        "run-plan-op-other-fields",
+        RUN,
+        "field 'ops.gemm.fields': ['gemm_dtype', 'm', 'n'] are not the fields of gemm",
+        crafted(set_op_key("fields", ["gemm_dtype", "m", "n"])),
+    ),
+    Row(
+        "run-plan-m-infinite",
+        RUN,
+        "field 'ops.gemm.columns.m': inf is not an integer",
+        crafted(set_column("m", float("inf"))),
+    ),
+    Row(
+        "run-plan-m-negative",
+        RUN,
+        "field 'ops.gemm.columns.m': -5 is not an integer from 1",
+        crafted(set_column("m", -5)),
+    ),
+    Row("run-plan-m-zero", RUN, "field 'ops.gemm.columns.m': 0 is not an integer from 1", crafted(set_column("m", 0))),
+    Row("run-plan-m-a-float", RUN, "field 'ops.gemm.columns.m': 1.5 is not an integer", crafted(set_column("m", 1.5))),
+    Row("run-plan-m-a-bool", RUN, "field 'ops.gemm.columns.m': True is not an integer", crafted(set_column("m", True))),
+    Row(
+        "run-plan-k-beyond-the-bound",
+        RUN,
+        "field 'ops.gemm.columns.k': an integer of 1329 bits is not an integer from 1 to 2**40",
+        crafted(set_column("k", 10**400)),
+    ),
+    Row(
+        "run-plan-k-2-40-plus-1", RUN, "field 'ops.gemm.columns.k': 1099511627777", crafted(set_column("k", 2**40 + 1))
+    ),
+    Row(
+        "run-plan-dtype-not-a-name",
+        RUN,
+        "field 'ops.gemm.columns.gemm_dtype'",
+        crafted(set_column("gemm_dtype", "x" * 200)),
+    ),
+    Row(
+        "run-plan-dispatch-list-short",
+        RUN,
+        "field 'ops.gemm.columns': column or dispatch lengths differ from the 1 case IDs",
+        crafted(set_op_key("dispatch", [])),
+    ),
+    Row(
+        "run-plan-dispatch-not-a-string",
+        RUN,
+        "field 'ops.gemm.dispatch': holds a value that is not a string",
+        crafted(set_op_key("dispatch", [["x"]])),
+    ),
+    Row(
+        "run-plan-rows-miss-a-case",
+        RUN,
+        "field 'ops.gemm.rows': do not hold every case ID exactly once",
+        crafted(set_op_key("rows", [{"row_id": "r", "dispatch": "x", "case_ids": []}])),
+    ),
+    Row(
+        "run-plan-rows-a-string",
+        RUN,
+        "field 'ops.gemm.rows.case_ids': not a list",
+        crafted(set_op_key("rows", [{"row_id": "r", "dispatch": "x", "case_ids": "gemm:float32:m=1,n=8,k=8"}])),
+    ),
+    Row(
+        "run-plan-table-other", RUN, "field 'ops.gemm.table': moe_perf (gemm)", crafted(set_op_key("table", "moe_perf"))
+    ),
+    Row(
+        "run-plan-shard-a-float",
+        RUN,
+        "field 'shard.index': not a int",
+        crafted(set_key("shard", {"index": 0.5, "count": 2})),
+    ),
+    Row(
+        "run-plan-shard-beyond",
+        RUN,
+        "field 'shard': 3/2 is not the i-th of N",
+        crafted(set_key("shard", {"index": 3, "count": 2})),
+    ),
+    Row(
+        "run-test-backend-unknown-module",
+        (*RUN, "--test-backend", "no_such_module_here"),
+        "backend 'no_such_module_here': no module no_such_module_here",
+    ),
+    Row(
+        "plan-model-config-hidden-size-huge",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "hidden_size",
+        model_config(hidden_size=10**400),
+    ),
+    Row(
+        "plan-model-config-hidden-size-beyond-the-bound",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "hidden_size",
+        model_config(hidden_size=2**40 + 1),
+    ),
+    Row(
+        "plan-model-config-topk-0",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "field 'num_experts_per_tok': 0 routes a token to no expert, but num_local_experts is 8",
+        model_config(num_local_experts=8, num_experts_per_tok=0),
+    ),
+    Row(
+        "collect-tables-is-the-run-directory",
+        (
+            "collect",
+            "torch",
+            "--local",
+            "--device",
+            "cpu",
+            "--smoke",
+            "--ops",
+            "gemm",
+            "--out",
+            "{tmp}/x",
+            "--tables",
+            "{tmp}/x",
+        ),
+        "--tables {tmp}/x and the run directory {tmp}/x overlap",
+    ),  # fmt: skip
+    Row(
+        "collect-tables-inside-the-run-directory",
+        (
+            "collect",
+            "torch",
+            "--local",
+            "--device",
+            "cpu",
+            "--smoke",
+            "--ops",
+            "gemm",
+            "--out",
+            "{tmp}/x",
+            "--tables",
+            "{tmp}/x/tables",
+        ),
+        "--tables {tmp}/x/tables and the run directory {tmp}/x overlap",
+    ),  # fmt: skip
+    Row(
+        "collect-tables-a-foreign-directory",
+        (
+            "collect",
+            "torch",
+            "--local",
+            "--device",
+            "cpu",
+            "--smoke",
+            "--ops",
+            "gemm",
+            "--out",
+            "{tmp}/x",
+            "--tables",
+            "{tmp}/foreign",
+        ),
+        "--tables {tmp}/foreign: a non-empty directory without manifest.json",
+        write("{tmp}/foreign/notes.txt", "mine"),
+    ),  # fmt: skip
+    # --- cluster and images: slurm.json and shard plans read by status/--resume, #SBATCH values, DOCKER_HOST, bump
+    Row(
+        "status-slurm-json-truncated",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: invalid JSON at line 1",
+        write("{tmp}/slurm.json", '{"shards": 2, "submi'),
+    ),
+    Row(
+        "status-slurm-json-a-list",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: a JSON list, not an object",
+        write("{tmp}/slurm.json", "[1, 2]"),
+    ),
+    Row(
+        "status-slurm-json-keyless",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: field 'shards': missing",
+        write("{tmp}/slurm.json", '{"submissions": []}'),
+    ),
+    Row(
+        "status-slurm-json-not-utf8",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: not UTF-8 (byte 0xe9",
+        write("{tmp}/slurm.json", b'{"shards": "\xe9"}'),
+    ),
+    Row(
+        "status-slurm-json-deeply-nested",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: JSON nested too deeply",
+        write("{tmp}/slurm.json", "[" * 100_000),
+    ),
+    Row(
+        "status-slurm-json-a-fifo",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: not a regular file",
+        lambda c: os.mkfifo(c.tmp / "slurm.json"),
+        timeout=30,
+    ),
+    Row(
+        "status-slurm-json-bad-job-id",
+        ("status", "{tmp}"),
+        "field 'submissions[0].array_job': '1;id' is not a Slurm",
+        write(
+            "{tmp}/slurm.json", '{"shards": 1, "submissions": [{"array_job": "1;id", "merge_job": "2", "tasks": [0]}]}'
+        ),
+    ),
+    Row(
+        "status-shard-plan-truncated",
+        ("status", "{tmp}"),
+        "{tmp}/shard-0/plan.json: not a plan file",
+        both(write("{tmp}/slurm.json", '{"shards": 1, "submissions": []}'), write("{tmp}/shard-0/plan.json", "{")),
+    ),
+    Row(
+        "slurm-resume-slurm-json-a-list",
+        ("collect", "torch", "--slurm", "--resume", "{tmp}"),
+        "{tmp}/slurm.json: a JSON list, not an object",
+        write("{tmp}/slurm.json", "[1]"),
+    ),
+    Row(
+        "slurm-time-rides-a-newline",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--time", "1:00:00\ntouch x", "--out", "{tmp}/out"),
+        "--time '1:00:00\\ntouch x': not a Slurm time limit",
+    ),
+    Row(
+        "slurm-time-trailing-newline",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--time", "1:00:00\n", "--out", "{tmp}/out"),
+        "--time '1:00:00\\n': not a Slurm time limit",
+    ),
+    Row(
+        "slurm-partition-rides-a-newline",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--partition", "gpu\ntouch x", "--out", "{tmp}/out"),
+        "--partition 'gpu\\ntouch x': not a Slurm name",
+    ),
+    Row(
+        "slurm-account-trailing-newline",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--account", "perf\n", "--out", "{tmp}/out"),
+        "--account 'perf\\n': not a Slurm name",
+    ),
+    Row(
+        "slurm-gpus-per-task-65",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--gpus-per-task", "65", "--out", "{tmp}/out"),
+        "--gpus-per-task 65: give a whole number from 0 to 64",
+    ),
+    Row(
+        "slurm-run-root-with-a-newline",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--out", "{tmp}/a\nb"),
+        "a\\nb': a Slurm run root cannot hold a control character",
+    ),
+    Row(
+        "slurm-run-root-with-a-colon-for-docker",
+        ("collect", "torch", "--slurm", "--sm", "cpu", "--container-runtime", "docker", "--out", "{tmp}/a:b"),
+        "the docker runtime mounts the run root by a spec",
+    ),
+    Row(
+        "build-docker-host-port-out-of-range",
+        ("build", "torch"),
+        "DOCKER_HOST 'tcp://256.1.1.1:99999': not an engine address (Port out of range 0-65535)",
+        env={"DOCKER_HOST": "tcp://256.1.1.1:99999"},
+    ),
+    Row(
+        "bump-when-docs-bumps-is-a-file",
+        (
+            "bump",
+            "trtllm",
+            "--version",
+            "1.3.0rc24",
+            "--image",
+            "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24@sha256:" + "a" * 64,
+            "--keep-old",
+            "--root",
+            "{tree}",
+        ),
+        "{tree}/docs/bumps: not a directory",
+        write("{tree}/docs/bumps", "not a directory\n"),
+    ),
+    Row(
+        "bump-version-trailing-newline",
+        (
+            "bump",
+            "vllm",
+            "--version",
+            "0.25.0\n",
+            "--image",
+            "vllm/vllm-openai:v0.25.0@sha256:" + "a" * 64,
+            "--root",
+            "{tree}",
+        ),
+        "--version '0.25.0\\n': not a version",
+    ),
+    Row(
+        "bump-image-trailing-newline",
+        (
+            "bump",
+            "vllm",
+            "--version",
+            "0.25.0",
+            "--image",
+            "vllm/vllm-openai:v0.25.0@sha256:" + "a" * 64 + "\n",
+            "--root",
+            "{tree}",
+        ),
+        "not an image reference",
+    ),
+    # --- end of cluster and images
+    # --- one writer, TABLES without links, release --out (issue 21: D4, D5, D18, D24, D39, D41) ----------
+    Row("plan-output-a-directory", (*PLAN, "-o", "{tmp}"), "-o {tmp}: is a directory; give a file name"),
+    Row(
+        "plan-table-a-file",
+        (*PLAN, "--table", "{tmp}/csv"),
+        "--table {tmp}/csv: a file stands where a directory is needed",
+        write("{tmp}/csv", "mine\n"),
+    ),
+    Row(
+        "plan-output-below-a-file",
+        (*PLAN, "-o", "{tmp}/notes/p.json"),
+        "-o {tmp}/notes/p.json: a file stands where a directory is needed (at {tmp}/notes)",
+        write("{tmp}/notes", "mine\n"),
+    ),
+    Row(
+        "plan-output-name-too-long",
+        (*PLAN, "-o", "{tmp}/" + "p" * 300 + ".json"),
+        "a name in it is too long for the file system; give names of at most 255 bytes",
+    ),
+    Row(
+        "run-out-name-too-long",
+        ("run", "--plan", "{plan}", "--out", "{tmp}/" + "r" * 300, "--device", "cpu"),
+        "--out {tmp}/" + "r" * 300 + ": a name in it is too long for the file system",
+        runs_plan=True,
+    ),
+    Row(
+        "release-out-a-file",
+        ("release", "--tables", "{tables}", "--out", "{tmp}/dist"),
+        "--out {tmp}/dist: is a file; give a directory for the wheel, sdist and statement",
+        write("{tmp}/dist", "mine\n"),
+    ),
+    Row(
+        "release-out-inside-tables",
+        ("release", "--tables", "{tables}", "--out", "{tables}/dist"),
+        "--out {tables}/dist: is inside --tables {tables}",
+    ),
+    Row(
+        "release-table-file-linked-outside",
+        ("release", "--tables", "{tables}", "--out", "{tmp}/dist"),
+        "fails verify (symbolic link (not followed): " + DIR + "/gemm_perf.parquet -> {tmp}/outside.parquet)",
+        lambda c: link_outside(c, DIR + "/gemm_perf.parquet"),
+    ),
+    Row(
+        "merge-into-tables-with-a-directory-linked-outside",
+        ("merge", "{run}", "--into", "{tables}"),
+        "fails verify (symbolic link (not followed): cpu/gemm/torch/2.13.1 -> {tmp}/elsewhere)",
+        lambda c: link_outside(c, "cpu/gemm/torch/2.13.1", directory=True),
+    ),
+    Row(
+        "verify-a-directory-linked-outside",
+        ("verify", "{tables}"),
+        "symbolic link (not followed): cpu/gemm/torch/2.13.1 -> {tmp}/elsewhere",
+        lambda c: link_outside(c, "cpu/gemm/torch/2.13.1", directory=True),
+        code=1,
+    ),
+    # --- end of one writer
 ]
 
 

@@ -291,3 +291,139 @@ def test_a_disk_that_fills_during_a_run_stops_it_in_one_line_and_it_resumes_when
     for record in read_records(run_dir):
         counts[record["case_id"]] = counts.get(record["case_id"], 0) + 1
     assert len(counts) == len(shapes) and set(counts.values()) == {1}
+
+
+# --- one writer for files we create; TABLES holds no links (issue 21: D3, D4, D5, D16, D22, D39, D41) -----
+
+
+def _merged(tmp_path, name="tables"):
+    from opcollect.project import find_project
+    from opcollect.tables.merge import merge
+
+    run = fake_run(tmp_path / f"run-{name}", LEFT)
+    merge([run], tmp_path / name, find_project())
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_tables_and_manifest_are_as_readable_as_the_umask_says(tmp_path, umask, mode):
+    """D16: a group sharing TABLES reads it (mkstemp made every file 0600 whatever the umask)."""
+    previous = os.umask(umask)
+    try:
+        tables = _merged(tmp_path)
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(tables).as_posix(): p.stat().st_mode & 0o777 for p in tables.rglob("*") if p.is_file()}
+    assert "manifest.json" in modes and f"{DIR}/gemm_perf.parquet" in modes
+    assert set(modes.values()) == {mode}, modes
+
+
+def test_the_writer_replaces_a_planted_link_and_leaves_its_target_alone(tmp_path):
+    from opcollect.files import write_atomic
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    target = tmp_path / "out" / "p.json"
+    target.parent.mkdir()
+    target.symlink_to(outside)
+    write_atomic(target, "{}\n")
+    assert outside.read_text() == "precious\n"
+    assert not target.is_symlink() and target.read_text() == "{}\n"
+
+
+def test_a_write_error_names_the_target_and_its_flag_never_the_temporary_file(tmp_path, monkeypatch):
+    """D41: EACCES named '/…/.p.json.hccttx91.tmp'; as root no directory refuses, so os.open refuses here."""
+    import argparse
+    import errno
+
+    from opcollect import files
+    from opcollect.flags import fs_error
+
+    target = tmp_path / "p.json"
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(files.os, "open", refuse)
+    with pytest.raises(PermissionError) as caught:
+        files.write_atomic(target, "{}")
+    assert caught.value.filename == str(target)
+    line = fs_error(caught.value, argparse.Namespace(output=target, verb="plan"))
+    assert line == f"-o {target}: permission denied; choose a path you may use, or fix its permissions"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, code", [("a" * 256 + ".json", "ENAMETOOLONG"), ("\ud800.json", "EILSEQ")])
+def test_a_name_the_file_system_cannot_hold_is_refused_before_writing(tmp_path, name, code):
+    import errno
+
+    from opcollect.files import write_atomic
+
+    with pytest.raises(OSError) as caught:
+        write_atomic(tmp_path / "sub" / name, "{}")
+    assert caught.value.errno == getattr(errno, code) and caught.value.filename == str(tmp_path / "sub" / name)
+    assert list(tmp_path.iterdir()) == []  # refused before the directory was made
+
+
+def test_a_symlinked_directory_leaving_tables_is_seen_by_verify_and_refused_by_merge(tmp_path):
+    """D4: `cpu/gemm/torch/2.13.1 -> /elsewhere` was invisible to verify (rglob does not enter it)."""
+    tables = _merged(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "gemm_perf.parquet").write_bytes(b"x")
+    link = tables / "cpu" / "gemm" / "torch" / "2.13.1"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    report = verify_tables(tables)
+    assert not report.clean and f"symbolic link (not followed): cpu/gemm/torch/2.13.1 -> {elsewhere}" in report.render()
+    done = run_cli("verify", str(tables))
+    assert done.returncode == 1 and "symbolic link (not followed): cpu/gemm/torch/2.13.1" in done.stdout
+    run = fake_run(tmp_path / "again", LEFT)
+    done = run_cli("merge", str(run), "--into", str(tables))
+    assert done.returncode == 2 and "fails verify (symbolic link (not followed): cpu/gemm/torch/2.13.1" in done.stderr
+    assert link.is_symlink() and [p.name for p in elsewhere.iterdir()] == ["gemm_perf.parquet"]
+
+
+def test_a_table_file_linked_outside_is_never_followed_even_with_its_hash_in_the_manifest(tmp_path):
+    """D5: a perf file that is a link to an outside file with the right sha256 verified, and was packaged."""
+    tables = _merged(tmp_path)
+    perf = tables / DIR / "gemm_perf.parquet"
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes(perf.read_bytes())
+    perf.unlink()
+    perf.symlink_to(outside)
+    report = verify_tables(tables)
+    assert not report.clean and report.missing == [] and report.modified == []
+    assert report.links == [f"{DIR}/gemm_perf.parquet -> {outside}"]
+
+
+def test_merge_into_a_link_to_tables_updates_the_tree_it_points_to(tmp_path):
+    """D22: the exchange swapped the link itself, then rmtree refused it, and `.X.staging-*` stayed."""
+    tables = _merged(tmp_path, "tables-2026")
+    current = tmp_path / "current"
+    current.symlink_to(tables)
+    run = fake_run(tmp_path / "right", RIGHT, run_id="right")
+    done = run_cli("merge", str(run), "--into", str(current))
+    assert done.returncode == 0, done.stderr
+    assert current.is_symlink() and current.resolve() == tables.resolve()
+    assert len(_ids(tables)) == len(LEFT) + len(RIGHT) and verify_tables(tables).clean
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".tables-2026.lock"]
+
+
+def test_compare_plot_replaces_a_planted_link(tmp_path):
+    """D3 (compare --plot): matplotlib's savefig wrote through a link planted at the .png path."""
+    tables = _merged(tmp_path)
+    outside = tmp_path / "outside.png"
+    outside.write_bytes(b"precious")
+    plot = tmp_path / "ratio.png"
+    plot.symlink_to(outside)
+    done = run_cli("compare", str(tables), str(tables), "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    assert outside.read_bytes() == b"precious" and not plot.is_symlink() and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_verify_owns_the_manifest_and_imports_no_store():
+    """Housekeeping: tables/store.py and tables/verify.py imported each other."""
+    code = "import sys, opcollect.tables.verify; print('opcollect.tables.store' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -121,3 +121,61 @@ def test_source_date_epoch_sets_the_timestamps_and_a_bad_one_is_refused(smoke_ta
     env["SOURCE_DATE_EPOCH"] = "yesterday"
     bad = subprocess.run([*cmd, "--out", str(tmp_path / "b")], capture_output=True, text=True, env=env, cwd=ROOT)
     assert bad.returncode == 2 and "SOURCE_DATE_EPOCH='yesterday'" in bad.stderr
+
+
+def test_links_planted_in_out_are_replaced_never_written_through(smoke_tables, tmp_path):
+    """D3: wheel, sdist and statement were written with Path.write_bytes, through a link planted in --out."""
+    out = tmp_path / "dist"
+    out.mkdir()
+    victims = {}
+    wheel = "opcollect_tables-4.0.0-py3-none-any.whl"
+    for planted in (wheel, "opcollect_tables-4.0.0.tar.gz", f"{wheel}.intoto.json"):
+        victim = tmp_path / f"victim-{planted}"
+        victim.write_text("precious\n")
+        (out / planted).symlink_to(victim)
+        victims[planted] = victim
+    done = run_cli("release", "--tables", str(smoke_tables), "--out", str(out), "--version", "4.0.0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(v.read_text() == "precious\n" for v in victims.values())
+    made = sorted(p.name for p in out.iterdir())
+    assert sorted(victims) == made and not any((out / name).is_symlink() for name in made)
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sigterm_during_release_leaves_no_venv_child_or_unverified_wheel(smoke_tables, tmp_path):
+    """D6: a killed release left a 26 MB opcollect-release-venv-* in TMPDIR, orphan ensurepip/pip children, and a
+    never-verified wheel and statement in --out."""
+    import signal
+    import time
+
+    tmpdir, out = tmp_path / "tmp", tmp_path / "dist"
+    tmpdir.mkdir()
+    release = subprocess.Popen(
+        [sys.executable, "-m", "opcollect", "release", "--tables", str(smoke_tables), "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "TMPDIR": str(tmpdir)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and release.poll() is None:
+        if [p for p in _processes_naming(str(tmpdir)) if p != release.pid]:  # ensurepip (or pip) is running
+            break
+        time.sleep(0.05)
+    assert release.poll() is None, release.communicate()
+    assert list(tmpdir.glob("opcollect-release-venv-*")) and list(out.glob(".opcollect-release-*/*.whl"))
+    release.send_signal(signal.SIGTERM)
+    _, err = release.communicate(timeout=60)
+    assert release.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    time.sleep(0.5)
+    assert list(tmpdir.iterdir()) == [] and not out.exists()
+    assert _processes_naming(str(tmpdir)) == []

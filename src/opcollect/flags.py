@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import os
 import re
 from pathlib import Path
 
@@ -68,29 +69,47 @@ def png(text: str) -> Path:
     return path
 
 
-# file-system errors that are the environment's, not a bug: what they mean and how to fix them
+# file-system errors that are the environment's or the path's, not a bug: what they mean and how to fix them
 _FS_ERRORS = {
     errno.ENOSPC: ("no space left on the device", "free space there, or choose a directory on another file system"),
     errno.EDQUOT: ("disk quota exceeded", "free space there, or choose a directory on another file system"),
     errno.EROFS: ("read-only file system", "choose a writable directory"),
     errno.EACCES: ("permission denied", "choose a path you may use, or fix its permissions"),
     errno.ENOENT: ("no such file or directory", "check the path"),
+    errno.ENAMETOOLONG: ("a name in it is too long for the file system", "give names of at most 255 bytes"),
+    errno.EILSEQ: ("a name in it cannot be written on the file system", "give a UTF-8 name without NUL"),
+    errno.EISDIR: ("is a directory", "give a file name (in it, or elsewhere)"),
+    errno.ENOTDIR: ("a file stands where a directory is needed", "give a path whose directories are directories"),
+    errno.ELOOP: ("is a symbolic link, which opcollect does not follow", "give the file or directory it points to"),
 }
+_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # only a write fails so: the output flag is the cause
 # where a verb writes, named when the error carries no path (a failed write() or fsync() has none)
 _OUTPUTS = (("output", "-o"), ("table", "--table"), ("out", "--out"), ("into", "--into"), ("tables", "--tables"))
 
 
+def _within(filename, value) -> bool:
+    """Whether the error's path is the flag's path, inside it, or one of its parents (a directory it needs)."""
+    if filename is None:
+        return False
+    a, b = os.path.abspath(os.fsdecode(filename)), os.path.abspath(os.fsdecode(value))
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
 def fs_error(exc: OSError, args) -> str | None:
-    """One line for an OSError of the environment (full, read-only, forbidden, missing); None for others."""
+    """One line for an OSError of the environment or a path (full, read-only, forbidden, missing, too long, a
+    directory or a link where a file is needed); None for others. It names the flag whose path it concerns."""
     known = _FS_ERRORS.get(exc.errno)
     if known is None:
         return None
     what, fix = known
     given = [(flag, getattr(args, name)) for name, flag in _OUTPUTS if getattr(args, name, None) is not None]
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and given:  # a write: name the flag, and the file
-        flag, value = given[0]
+    related = [(flag, value) for flag, value in given if _within(exc.filename, value)]
+    if not related and (exc.errno in _WRITES or exc.filename is None):  # a write, or no path to name
+        related = given
+    if related:  # name the flag, and the file when it is another
+        flag, value = related[0]
         at = f" (at {exc.filename})" if exc.filename not in (None, str(value)) else ""
         return f"{flag} {value}: {what}{at}; {fix}"
     if exc.filename is not None:
         return f"{exc.filename}: {what}; {fix}"
-    return f"{' '.join(map(str, given[0])) if given else f'opcollect {args.verb}'}: {what}; {fix}"
+    return f"opcollect {args.verb}: {what}; {fix}"

@@ -2,7 +2,8 @@
 
 Entries are written in sorted order, each with the epoch as its time (zip can hold no date before 1980), mode
 0644 and no owner; the gzip header carries the epoch and no file name. A wheel's RECORD lists every other
-entry with its urlsafe-base64 sha256, as the wheel spec (PEP 427/376) asks.
+entry with its urlsafe-base64 sha256, as the wheel spec (PEP 427/376) asks. Both are written by the one writer
+(files.write_atomic): a link planted at the target is replaced, never written through.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
+
+from opcollect.files import write_atomic
 
 ZIP_EPOCH_MIN = 315532800  # 1980-01-01T00:00:00Z, the earliest time a zip entry holds
 FILE_MODE = 0o644
@@ -38,7 +41,7 @@ def write_wheel(path: Path, files: dict[str, bytes], record: str, epoch: int) ->
             info.compress_type = zipfile.ZIP_DEFLATED
             info.create_system = 3  # unix, so the mode above is read
             archive.writestr(info, entries[name], compresslevel=9)
-    path.write_bytes(buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
 
 
 def write_sdist(path: Path, files: dict[str, bytes], epoch: int) -> None:
@@ -60,4 +63,4 @@ def write_sdist(path: Path, files: dict[str, bytes], epoch: int) -> None:
     out = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=epoch, compresslevel=9) as zipped:
         zipped.write(tar_bytes.getvalue())
-    path.write_bytes(out.getvalue())
+    write_atomic(path, out.getvalue())

@@ -8,22 +8,18 @@ pins the release was cut against. No wall-clock time goes in: the statement is a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from opcollect.tables.store import MANIFEST, listed_files
+from opcollect.files import write_atomic
+from opcollect.tables.verify import MANIFEST, listed_files, sha256_file
 from opcollect.yamlio import read_yaml
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://opcollect.dev/release/v1"
 PROVENANCE = ".opcollect/provenance.yaml"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def provenance_facts(tables: Path) -> dict:
@@ -51,9 +47,9 @@ def provenance_facts(tables: Path) -> dict:
 
 
 def statement(tables: Path, artifacts: list[Path], version: str, epoch: int, pins: dict, builder: str) -> dict:
-    subjects = [{"name": a.name, "digest": {"sha256": _sha256(a)}} for a in artifacts]
+    subjects = [{"name": a.name, "digest": {"sha256": sha256_file(a)}} for a in artifacts]
     subjects += [
-        {"name": f"tables/{rel}", "digest": {"sha256": _sha256(tables / rel)}}
+        {"name": f"tables/{rel}", "digest": {"sha256": sha256_file(tables / rel)}}  # never through a link
         for rel in [*listed_files(tables), MANIFEST]
     ]
     facts = provenance_facts(tables)
@@ -83,4 +79,4 @@ def statement(tables: Path, artifacts: list[Path], version: str, epoch: int, pin
 
 
 def write_statement(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")

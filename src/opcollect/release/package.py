@@ -18,8 +18,9 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 from opcollect.errors import InputError
+from opcollect.files import ensure_dir
 from opcollect.release.archives import write_sdist, write_wheel
-from opcollect.tables.store import MANIFEST, listed_files
+from opcollect.tables.verify import MANIFEST, listed_files, read_tree_file
 from opcollect.yamlio import read_yaml
 
 DIST = "opcollect-tables"
@@ -121,7 +122,7 @@ def package_files(tables: Path, version: str) -> tuple[dict[str, bytes], list[st
     frameworks = sorted({meta["runtime"]["framework"] for meta in metas.values()})
     files: dict[str, bytes] = {}
     for rel in [*listed_files(tables), MANIFEST]:
-        files[f"{PACKAGE}/data/{rel}"] = (tables / rel).read_bytes()
+        files[f"{PACKAGE}/data/{rel}"] = read_tree_file(tables / rel)  # a regular file of the tree, never a link
     files[f"{PACKAGE}/index.json"] = json.dumps(index(tables, metas), indent=1, sort_keys=True).encode()
     notices = "\n".join(f"- {LICENSES.get(f, f)}" for f in frameworks)
     files[f"{PACKAGE}/THIRD_PARTY_NOTICES"] = NOTICES.format(frameworks=notices).encode()
@@ -135,7 +136,7 @@ def package_files(tables: Path, version: str) -> tuple[dict[str, bytes], list[st
 def build(tables: Path, out: Path, version: str, epoch: int) -> tuple[Path, Path, dict[str, bytes]]:
     """Write the wheel and the sdist into ``out``; (wheel, sdist, the package's files)."""
     files, frameworks = package_files(tables, check_version(version))
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out)
     dist_info = f"{PACKAGE}-{version}.dist-info"
     wheel_files = {
         **files,

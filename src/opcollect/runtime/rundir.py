@@ -6,18 +6,57 @@ RUN_DIR/run.json          plan_hash, content_hash (plan, shard and selection), c
 RUN_DIR/shards/*.jsonl    records, one file per worker slot and run (see shards.py)
 RUN_DIR/events/<run_id>.json  one per `run` invocation: when, where, rows, failures
 RUN_DIR/logs/             worker stderr
+RUN_DIR/run.lock          flock'ed by the run that owns the directory (pid, host, since, command inside)
+
+A run directory has one owner at a time: prepare_run_dir takes RUN_DIR/run.lock (a second `run`, or a
+`--resume` while one runs, is refused naming the holder) and the Recorded it returns holds it, so the run
+that keeps it (runtime/run.py keeps it for its whole life) owns the directory until it ends or dies.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
-from dataclasses import dataclass
+import os
+import socket
+import stat
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opcollect.errors import InputError
-from opcollect.files import write_atomic
-from opcollect.runtime.planfile import PlanFile
+from opcollect.files import check_name, write_atomic
+from opcollect.runtime.planfile import PlanFile, parse_plan
 from opcollect.runtime.shards import read_shard, shard_paths
+
+LOCK = "run.lock"
+
+
+class RunLock:
+    """An exclusive flock on RUN_DIR/run.lock, released by ``release``, when this object goes, or at exit."""
+
+    def __init__(self, run_dir: Path):
+        path = Path(run_dir) / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)  # mode: the umask's
+            writable = True
+        except PermissionError:  # a container's user, in a run directory its host made (and names as holder)
+            fd, writable = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise InputError(
+                f"{run_dir}: another run owns it ({holder}); wait for it to end, or give another --out"
+            ) from None
+        if writable:
+            me = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}: {' '.join(sys.argv)}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me[:4000].encode(errors="replace"), 0)
+        self.release = weakref.finalize(self, os.close, fd)  # closing the descriptor releases the flock
 
 
 @dataclass(frozen=True)
@@ -25,6 +64,7 @@ class Recorded:
     """What a run directory already holds: the latest record per case."""
 
     latest: dict[str, dict]
+    lock: RunLock | None = field(default=None, compare=False, repr=False)  # held while this is kept
 
     def done(self, retry_failed: bool) -> set[str]:
         if retry_failed:
@@ -52,7 +92,7 @@ def recorded(run_dir: Path) -> Recorded:
     return Recorded(latest)
 
 
-_SKELETON = {"plan.json", "shards", "events", "logs"}
+_SKELETON = {"plan.json", "shards", "events", "logs", LOCK}
 
 
 def _unstarted(run_dir: Path) -> bool:
@@ -136,14 +176,48 @@ def check_fresh(run_dir: Path) -> None:
         raise InputError(f"{run_dir}: exists and is not a run directory; choose an empty or new --out")
 
 
+def plan_bytes(plan_path: Path, plan: PlanFile) -> bytes:
+    """The bytes of the plan file that ``plan`` was read from, to keep as RUN_DIR/plan.json.
+
+    A pipe or device (`--plan <(cat p.json)`) gave its bytes to the first read and has none left: refused,
+    before anything runs, rather than measuring every case beside an empty plan.json. A regular file is read
+    again and must still hold the same plan (it may have been replaced since)."""
+    mode = os.stat(plan_path).st_mode
+    if not stat.S_ISREG(mode):
+        raise InputError(
+            f"--plan {plan_path}: not a regular file (a pipe or device), so the run directory cannot keep it; "
+            "save the plan as a file (`opcollect plan -o p.json`) and give that"
+        )
+    data = Path(plan_path).read_bytes()
+    try:
+        same = parse_plan(plan_path, json.loads(data), typed=False).content_hash == plan.content_hash
+    except (ValueError, RecursionError, InputError):
+        same = False
+    if not same:
+        raise InputError(f"--plan {plan_path}: changed while the run started; give a plan file nobody is writing")
+    return data
+
+
 def prepare_run_dir(run_dir: Path, plan_path: Path, plan: PlanFile, resume: bool) -> Recorded:
-    """Create RUN_DIR for ``plan``, or check that it holds this plan and return what it recorded."""
+    """Create RUN_DIR for ``plan``, or check that it holds this plan and return what it recorded; the result
+    holds the run directory's lock (refused, naming the holder, while another run holds it)."""
     run_dir = Path(run_dir)
-    if check_run_dir(run_dir, plan, resume):
-        return recorded(run_dir)
-    for sub in ("shards", "events", "logs"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    if Path(plan_path).resolve() != (run_dir / "plan.json").resolve():
-        write_atomic(run_dir / "plan.json", Path(plan_path).read_bytes())
-    write_atomic(run_dir / "run.json", json.dumps(identity_of(plan), indent=2) + "\n")
-    return Recorded({})
+    check_name(run_dir / LOCK)  # OSError naming --out for a name the file system cannot hold, before any work
+    if not run_dir.is_dir():
+        check_run_dir(run_dir, plan, resume)  # a file, or nothing to resume: refused, creating nothing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(run_dir)
+    try:
+        if check_run_dir(run_dir, plan, resume):
+            return Recorded(recorded(run_dir).latest, lock)
+        same_file = Path(plan_path).resolve() == (run_dir / "plan.json").resolve()
+        data = None if same_file else plan_bytes(plan_path, plan)
+        for sub in ("shards", "events", "logs"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        if data is not None:
+            write_atomic(run_dir / "plan.json", data)
+        write_atomic(run_dir / "run.json", json.dumps(identity_of(plan), indent=2) + "\n")
+    except BaseException:
+        lock.release()
+        raise
+    return Recorded({}, lock)

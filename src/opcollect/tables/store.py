@@ -1,4 +1,5 @@
-"""TABLES on disk: file hashes, manifest.json, the merge lock, and atomic replacement of the whole tree.
+"""TABLES on disk: the merge lock, and atomic replacement of the whole tree (tables/verify.py owns the
+manifest: what the tree lists, how a file is hashed, and reading manifest.json).
 
 A merge writes into a staging copy beside TABLES (unchanged files are hard links, changed ones are
 new files), writes its manifest, then exchanges the staging directory with TABLES in one
@@ -8,13 +9,15 @@ used and `recover` puts TABLES back if a kill fell between them.
 
 One merge at a time changes a TABLES tree: `locked` holds an exclusive flock on `.<TABLES>.lock`
 beside it for the whole merge, recovery included, and names the holder to whoever waits.
+
+A TABLES path that is a symbolic link (`--into current -> tables-2026-05`) means the tree it points to: the
+lock, the staging copy and the exchange are beside and of that tree, so the link stays a link to it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
-import hashlib
 import json
 import os
 import secrets
@@ -28,35 +31,19 @@ from typing import Callable, Iterator
 
 from opcollect.errors import InputError
 from opcollect.files import fsync_dir, write_atomic
+from opcollect.tables.verify import MANIFEST, list_tree, read_manifest_files, sha256_file, verify_tables
 
-MANIFEST = "manifest.json"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def listed_files(root: Path) -> list[str]:
-    """Every file under TABLES but the manifest, as sorted relative POSIX paths."""
-    return sorted(
-        p.relative_to(root).as_posix()
-        for p in Path(root).rglob("*")
-        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
-    )
-
-
-def read_manifest(root: Path) -> dict:
-    return json.loads((Path(root) / MANIFEST).read_text())
+def real_tables(tables: Path) -> Path:
+    """The tree a TABLES path names: a symbolic link to a tree is that tree, so it is changed, not replaced."""
+    return Path(tables).resolve()
 
 
 def lock_path(tables: Path) -> Path:
-    tables = Path(tables)
+    tables = real_tables(tables)
     return tables.parent / f".{tables.name}.lock"
 
 
@@ -65,7 +52,7 @@ def locked(tables: Path, wait: bool = True, say: Callable[[str], None] = print) 
     """Hold the TABLES tree's merge lock; wait for another holder (naming it), or refuse with wait=False."""
     path = lock_path(tables)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # the umask decides; never via a link
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,8 +74,6 @@ def locked(tables: Path, wait: bool = True, say: Callable[[str], None] = print) 
 
 def check_into(tables: Path, verify: bool = True) -> None:
     """Refuse a merge target that is a file, a foreign directory, or (``verify``) a tree that fails verify."""
-    from opcollect.tables.verify import verify_tables
-
     tables = Path(tables)
     if not tables.exists():
         return
@@ -127,7 +112,7 @@ def _siblings(tables: Path, kind: str) -> list[Path]:
 
 def recover(tables: Path) -> None:
     """Undo a kill between the two fallback renames, and drop staging left by killed merges."""
-    tables = Path(tables)
+    tables = real_tables(tables)
     old = _siblings(tables, "old")
     if not tables.exists() and old:
         old[-1].rename(tables)
@@ -139,18 +124,15 @@ class Staging:
     """A copy of TABLES to change; ``commit`` makes it TABLES atomically."""
 
     def __init__(self, tables: Path):
-        self.tables = Path(tables)
+        self.tables = real_tables(tables)
         self.root = self.tables.parent / f".{self.tables.name}.staging-{secrets.token_hex(4)}"
         self.written: set[str] = set()
         self.root.mkdir(parents=True)
-        if self.tables.is_dir():
-            for src in self.tables.rglob("*"):
-                dst = self.root / src.relative_to(self.tables)
-                if src.is_dir():
-                    dst.mkdir(parents=True, exist_ok=True)
-                elif src.name != MANIFEST:
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(src, dst)
+        if self.tables.is_dir():  # regular files only: check_into refused a tree holding links or special files
+            for rel in list_tree(self.tables).files:
+                dst = self.root / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.link(self.tables / rel, dst, follow_symlinks=False)
 
     def write(self, rel: str, data: bytes) -> Path:
         """A new file at ``rel``; a hard link already there is replaced, never written through."""
@@ -158,12 +140,12 @@ class Staging:
         return write_atomic(self.root / rel, data)
 
     def commit(self) -> None:
-        previous = read_manifest(self.tables)["files"] if (self.tables / MANIFEST).is_file() else {}
+        previous = read_manifest_files(self.tables) if (self.tables / MANIFEST).is_file() else {}
         files = {}
-        for rel in listed_files(self.root):
+        for rel in list_tree(self.root).files:
             old = previous.get(rel)
             if old is not None and rel not in self.written:
-                files[rel] = old  # a hard link of a file the old manifest already hashed
+                files[rel] = old.model_dump()  # a hard link of a file the old manifest already hashed
             else:
                 path = self.root / rel
                 files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}

@@ -1,8 +1,17 @@
-"""`opcollect verify TABLES`: recompute every sha256 against manifest.json and the provenance records."""
+"""`opcollect verify TABLES`: recompute every sha256 against manifest.json and the provenance records.
+
+This module owns the manifest: what TABLES lists (regular files only; a symbolic link or a special file is
+reported, never followed or opened), how a file is hashed, and reading manifest.json. tables/store.py uses
+it to write the manifest of a merge and to refuse a merge target that does not verify.
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -13,10 +22,83 @@ from opcollect.cases.grids import Frozen
 from opcollect.errors import InputError
 from opcollect.tables import provenance as pv
 from opcollect.tables.schema import table_files
-from opcollect.tables.store import MANIFEST, listed_files, sha256_file
 from opcollect.yamlio import not_utf8, validate
 
+MANIFEST = "manifest.json"
 _MANIFEST_FIX = "restore it from a backup, or merge the runs into a new TABLES"
+
+
+_FOREIGN_FIX = "remove it, or restore the tree from a backup"
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+
+def _open_regular(path: Path) -> int:
+    """A descriptor of the regular file at ``path``; a symbolic link (ELOOP) or a special file is refused
+    without following or blocking on it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise InputError(f"{path}: a symbolic link, not a file merge wrote; {_FOREIGN_FIX}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise InputError(f"{path}: {kind}, not a file merge wrote; {_FOREIGN_FIX}")
+    return fd
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with os.fdopen(_open_regular(path), "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_tree_file(path: Path) -> bytes:
+    """The bytes of a regular file of TABLES, never through a link or from a FIFO."""
+    with os.fdopen(_open_regular(path), "rb") as handle:
+        return handle.read()
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a TABLES tree holds, as sorted relative POSIX paths: merge writes regular files and directories
+    only, so a symbolic link (wherever it points) or a special file in it is foreign and is not followed."""
+
+    files: list[str]  # regular files, the top manifest.json excluded
+    links: list[str]  # "rel -> target"
+    special: list[str]  # "rel (a FIFO)"
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def list_tree(root: Path) -> Listing:
+    root = Path(root)
+    files, links, special = [], [], []
+    # followlinks=False: a linked directory is listed as a link, never entered
+    for directory, dirs, names in os.walk(root, onerror=_raise):
+        for name in dirs + names:
+            full = os.path.join(directory, name)
+            rel = Path(full).relative_to(root).as_posix()
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                links.append(f"{rel} -> {os.readlink(full)}")
+            elif stat.S_ISREG(mode):
+                if rel != MANIFEST:
+                    files.append(rel)
+            elif not stat.S_ISDIR(mode):
+                special.append(f"{rel} ({_KINDS.get(stat.S_IFMT(mode), 'a special file')})")
+    return Listing(sorted(files), sorted(links), sorted(special))
+
+
+def listed_files(root: Path) -> list[str]:
+    """Every regular file under TABLES but the manifest, as sorted relative POSIX paths."""
+    return list_tree(root).files
 
 
 class ManifestEntry(Frozen):
@@ -33,7 +115,9 @@ def read_manifest_files(root: Path) -> dict[str, ManifestEntry]:
     """TABLES/manifest.json's files, checked to be a manifest; InputError naming what is wrong in it."""
     path = Path(root) / MANIFEST
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_tree_file(path))
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to be a manifest; {_MANIFEST_FIX}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}; {_MANIFEST_FIX}") from None
     except UnicodeDecodeError as exc:
@@ -51,10 +135,12 @@ class VerifyReport:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     sidecar: list[str] = field(default_factory=list)  # perf files whose recorded file_sha256 disagrees
+    links: list[str] = field(default_factory=list)  # symbolic links, never followed: merge writes none
+    special: list[str] = field(default_factory=list)  # FIFOs, sockets, devices: never opened
 
     @property
     def clean(self) -> bool:
-        return not (self.modified or self.missing or self.unexpected or self.sidecar)
+        return not (self.modified or self.missing or self.unexpected or self.sidecar or self.links or self.special)
 
     def render(self) -> str:
         lines = [
@@ -64,6 +150,8 @@ class VerifyReport:
                 ("missing", self.missing),
                 ("unexpected", self.unexpected),
                 ("sidecar mismatch", self.sidecar),
+                ("symbolic link (not followed)", self.links),
+                ("not a regular file", self.special),
             )
             for path in paths
         ]
@@ -72,19 +160,30 @@ class VerifyReport:
 
 
 def verify_tables(root: Path) -> VerifyReport:
+    """Every difference between TABLES and its manifest; a link or special file in the tree is one, and is
+    neither followed nor opened (so verify cannot be made to read outside the tree or to block)."""
     root = Path(root)
     if not (root / MANIFEST).is_file():
         raise InputError(f"{root}: no {MANIFEST}; give the TABLES directory of `opcollect merge`")
     files = read_manifest_files(root)
-    present = set(listed_files(root))
-    report = VerifyReport(len(files), unexpected=sorted(present - files.keys()))
+    listing = list_tree(root)
+    present = set(listing.files)
+    foreign = {entry.split(" -> ")[0] for entry in listing.links} | {e.rsplit(" (", 1)[0] for e in listing.special}
+    report = VerifyReport(
+        len(files), unexpected=sorted(present - files.keys()), links=listing.links, special=listing.special
+    )
     for rel, entry in sorted(files.items()):
         path = root / rel
+        if rel in foreign:
+            continue  # reported as a link or a special file
         if rel not in present:
             report.missing.append(rel)
         elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
             report.modified.append(rel)
-    for record_path in sorted(root.rglob(pv.PROVENANCE)):
+    for rel in listing.files:
+        if not (rel == pv.PROVENANCE or rel.endswith(f"/{pv.PROVENANCE}")):
+            continue
+        record_path = root / rel
         directory = record_path.parent.parent
         try:
             record = pv.read_provenance(record_path)
@@ -92,6 +191,7 @@ def verify_tables(root: Path) -> VerifyReport:
             continue  # the manifest already reports an edited record; check rule R5 explains it
         for name, entry in record.tables.items():
             perf = directory / table_files(name)[0]
-            if perf.is_file() and sha256_file(perf) != entry.file_sha256:
-                report.sidecar.append(str(perf.relative_to(root)))
+            rel_perf = perf.relative_to(root).as_posix()
+            if rel_perf in present and sha256_file(perf) != entry.file_sha256:
+                report.sidecar.append(rel_perf)
     return report
