@@ -378,6 +378,12 @@ def test_a_symlinked_directory_leaving_tables_is_seen_by_verify_and_refused_by_m
     assert not report.clean and f"symbolic link (not followed): cpu/gemm/torch/2.13.1 -> {elsewhere}" in report.render()
     done = run_cli("verify", str(tables))
     assert done.returncode == 1 and "symbolic link (not followed): cpu/gemm/torch/2.13.1" in done.stdout
+    done = run_cli("check", str(tables))  # check sees it too: the consumer's walk would read it
+    assert (
+        done.returncode == 1
+        and "R5" in done.stdout
+        and "symbolic link (not followed): cpu/gemm/torch/2.13.1" in done.stdout
+    )
     run = fake_run(tmp_path / "again", LEFT)
     done = run_cli("merge", str(run), "--into", str(tables))
     assert done.returncode == 2 and "fails verify (symbolic link (not followed): cpu/gemm/torch/2.13.1" in done.stderr

@@ -32,9 +32,8 @@ from opcollect.tables import consumer
 from opcollect.tables import provenance as pv
 from opcollect.tables import sidecar as sc
 from opcollect.tables.schema import TableSchema, read_parquet, schemas, table_files
-from opcollect.tables.store import MANIFEST, sha256_file
 from opcollect.tables.values import key_faults, measured_faults
-from opcollect.tables.verify import read_manifest_files
+from opcollect.tables.verify import MANIFEST, list_tree, read_manifest_files, sha256_file
 from opcollect.yamlio import read_yaml, validate
 
 NOISE_BOUND = 0.05
@@ -316,7 +315,16 @@ def check_tables(root: Path, strict: bool = False, noise_bound: float = NOISE_BO
     sidecars = sorted(root.rglob(sc.SIDECAR))
     if not sidecars:
         raise InputError(f"{root}: no {sc.SIDECAR} below it; give the TABLES directory of `opcollect merge`")
-    found: list[Finding] = []
+    # a link (its target may lie outside TABLES) or a special file is nothing merge writes: the consumer's walk
+    # may still read it, so check names each one, as verify does
+    listing = list_tree(root)
+    found = [
+        Finding("R5", str(root / entry.split(" -> ")[0]), f"symbolic link (not followed): {entry}")
+        for entry in listing.links
+    ]
+    found += [
+        Finding("R5", str(root / entry.rsplit(" (", 1)[0]), f"not a regular file: {entry}") for entry in listing.special
+    ]
     if (root / MANIFEST).is_file():  # verify compares it with the files; here it must at least be a manifest
         try:
             read_manifest_files(root)
