@@ -106,7 +106,7 @@ def cmd_contract(args) -> int:
             directory, ref = image_release(args.backend, args.image, args.version, args.pins, Path(tmp))
             releases.append(directory)
             shown.append(f"image {ref}")
-        checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parent / "backends")
+        checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parents[1] / "backends")
     for miss in misses:
         print(miss.render())
     left = f"; not checked: {', '.join(unchecked)} (no release of it given)" if unchecked else ""
