@@ -1,11 +1,13 @@
 """Write SGLang's own kernel selection per model class and SM: cases/selection/sglang-<version>.yaml.
 
-The planner (src/opcollect/plans/selection.py) predicts SGLang's attention backend and MoE runner backend from
-this file instead of hand rules. The answers come from SGLang's ServerArgs itself: its __post_init__ runs for
-each class below (an architecture with its checkpoint's quantization_config, EP size and KV-cache dtype) with
-the device made to report the target SM (torch.cuda reports the capability; SGLang's cached is_sm*_supported
-probes are cleared and re-run against it), and the fields it leaves (attention backends, moe_runner_backend,
-quantization, page size) are recorded. Planning never imports SGLang: it reads the YAML.
+The planner (src/opcollect/plans/selection_sglang.py) predicts SGLang's attention and MLA backends, MoE runner
+backend and fp8 linear kernel from this file instead of hand rules. The answers come from SGLang's ServerArgs
+itself: its __post_init__ runs for each class below (an architecture with its checkpoint's quantization_config, EP
+size and KV-cache dtype) with the device made to report the target SM (torch.cuda reports the capability; SGLang's
+cached is_sm*_supported probes are cleared and re-run against it), and the fields it leaves (attention backends,
+moe_runner_backend, quantization, page size) are recorded. For the "gemm/" classes the fp8 linear selection
+Fp8LinearMethod runs with those server args is recorded instead (selection_sglang_fp8.py). Planning never imports
+SGLang: it reads the YAML.
 
     python scripts/selection_tables_sglang.py [--source WHEEL_OR_DIR] [--out FILE] [--check]
 
@@ -34,6 +36,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 import yaml
+from selection_sglang_fp8 import fp8_choices
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.5.14"
@@ -56,8 +59,8 @@ STUB_SGLANG = (
 HOLLOW = ("sglang.srt.configs", "sglang.srt.layers.cp")
 
 # What the pinned image has (the wheel's Requires-Dist: flashinfer_python[cu13]==0.6.12, cuda-python>=13.0;
-# triton_kernels is no dependency of sglang 0.5.14)
-ENVIRONMENT = {"cuda": "13.0", "flashinfer": True, "triton_kernels": False}
+# triton_kernels is no dependency of sglang 0.5.14; sgl-deep-gemm==0.1.3 is, and installs deep_gemm)
+ENVIRONMENT = {"cuda": "13.0", "flashinfer": True, "triton_kernels": False, "deep_gemm": True}
 FLA_CHUNK_SIZE = 64  # layers/attention/fla/chunk_delta_h.py CHUNK_SIZE, whose module needs triton
 SMS = {"90": (9, 0), "100": (10, 0)}
 DEVICE_MIB = {"90": 143771, "100": 183359}  # H200, B200
@@ -106,8 +109,14 @@ ATTENTION_ARCHITECTURES = (
     "LlamaForCausalLM", "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM", "Gemma4ForConditionalGeneration",
     "GptOssForCausalLM", "Llama4ForConditionalGeneration", "MiMoV2FlashForCausalLM", "Step3p5ForCausalLM",
 )  # fmt: skip
-MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+# The MLA kernel tables' heads (cases/base_ops/mla_*.yaml): DeepSeek-V3's block-fp8 checkpoint and Kimi-K2.5's
+# compressed-tensors int4 one; both take ServerArgs' DeepSeek branch (server_args.py:3519-3527, 3636-3650)
+MLA_ARCHITECTURES = {"DeepseekV3ForCausalLM": FP8_BLOCK, "KimiK25ForConditionalGeneration": INT4_CT}
 KV_DTYPES = {"bfloat16": "auto", "fp8": "fp8_e4m3"}
+# fp8 linears: ServerArgs' --fp8-gemm-backend and what Fp8LinearMethod makes of it (selection_sglang_fp8.py); no
+# architecture sets the flag in 0.5.14, so one plain model per checkpoint format
+GEMM_ARCHITECTURE = "LlamaForCausalLM"
+GEMM_DTYPES = ("fp8", "fp8_block")
 
 
 def model_classes() -> list[ModelClass]:
@@ -123,9 +132,11 @@ def model_classes() -> list[ModelClass]:
         for kv, kv_flag in KV_DTYPES.items():
             sinks = arch == "GptOssForCausalLM"
             classes.append(ModelClass(f"attention/{arch}/{kv}", arch, kv_cache_dtype=kv_flag, attention_sinks=sinks))
-    for arch in MLA_ARCHITECTURES:
+    for arch, quant in MLA_ARCHITECTURES.items():
         for kv, kv_flag in KV_DTYPES.items():
-            classes.append(ModelClass(f"mla/{arch}/{kv}", arch, FP8_BLOCK, kv_cache_dtype=kv_flag, mla=True))
+            classes.append(ModelClass(f"mla/{arch}/{kv}", arch, quant, kv_cache_dtype=kv_flag, mla=True))
+    for dtype in GEMM_DTYPES:
+        classes.append(ModelClass(f"gemm/{GEMM_ARCHITECTURE}/{dtype}", GEMM_ARCHITECTURE, QUANT[dtype]))
     return classes
 
 
@@ -225,6 +236,10 @@ def _clear_caches(module) -> None:
             value.cache_clear()
 
 
+def env(environment: dict | None) -> dict:
+    return {**ENVIRONMENT, **(environment or {})}
+
+
 @contextlib.contextmanager
 def device(server_args, sm: str, environment: dict | None = None):
     """The process sees one CUDA device of this SM (torch.cuda and SGLang's cached probes on it) and the
@@ -233,8 +248,7 @@ def device(server_args, sm: str, environment: dict | None = None):
 
     common = sys.modules["sglang.srt.utils.common"]
     real_find_spec = importlib.util.find_spec
-    env = {**ENVIRONMENT, **(environment or {})}
-    present = {"flashinfer": env["flashinfer"], "triton_kernels": env["triton_kernels"]}
+    present = {name: env(environment)[name] for name in ("flashinfer", "triton_kernels")}
 
     def find_spec(name, *args, **kwargs):
         top = name.split(".")[0]
@@ -246,7 +260,7 @@ def device(server_args, sm: str, environment: dict | None = None):
         mock.patch.object(torch.cuda, "is_available", lambda: True),
         mock.patch.object(torch.cuda, "get_device_capability", lambda *a, **k: SMS[sm]),
         mock.patch.object(torch.cuda, "device_count", lambda: 8),
-        mock.patch.object(torch.version, "cuda", env["cuda"]),
+        mock.patch.object(torch.version, "cuda", env(environment)["cuda"]),
         mock.patch.object(importlib.util, "find_spec", find_spec),
         mock.patch.object(server_args, "get_device_memory_capacity", lambda *a, **k: DEVICE_MIB[sm]),
         mock.patch.object(server_args, "get_nvidia_driver_version", lambda: (580,)),
@@ -330,6 +344,9 @@ def evaluate(server_args, model: ModelClass, sm: str, environment: dict | None =
                 quantization=model.quantization,
                 skip_server_warmup=True,
             )
+        if model.name.startswith("gemm/"):
+            srt = Path(server_args.__file__).parent
+            return {"quantization": args.quantization, **fp8_choices(srt, args, env(environment)["deep_gemm"])}
     prefill, decode = args.get_attention_backends()
     return {
         "attention_backend": args.attention_backend,

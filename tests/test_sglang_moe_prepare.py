@@ -306,8 +306,33 @@ def test_sm90_plan_labels_keep_the_runner_backend_of_the_hand_rules():
     from opcollect.plans.selection_sglang import MOE_ARCHITECTURE
 
     for hidden, inter, topk, experts in [*MOE_ARCHITECTURE, (3584, 3072, 16, 896), (1024, 1024, 4, 64)]:
-        for dtype in ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4"):
+        for dtype in ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "nvfp4"):
+            if dtype == "nvfp4" and MOE_ARCHITECTURE.get((hidden, inter, topk, experts)) == "DeepseekV4ForCausalLM":
+                continue  # its hook sets flashinfer_trtllm_routed on every SM (deepseek_v4_hook.py:62-67)
             for ep in (1, 8):
                 c = case(dtype, hidden=hidden, inter=inter, topk=topk, experts=experts, ep=ep)
                 dispatch = _sglang_case("90", _sglang("90", types.SimpleNamespace(dtype=dtype)), c)
                 assert moe.server_backend(c, dispatch, 9) == moe.runner_backend(c, 9), (c, dispatch)
+
+
+def test_runner_installs_what_auto_gives_where_the_plan_names_auto_s_runner():
+    """NVFP4 at SM90 and generic int4 at SM100 are labelled Marlin, which "auto" resolves to in their quant methods
+    (modelopt_quant.py:2317-2320, compressed_tensors.py:689-697): the runner leaves auto, so the method builds its
+    own Marlin path; Kimi-K2.5's int4 keeps ServerArgs' flashinfer_trtllm and Kimi-K3 Marlin (with SiLU) at SM100."""
+    from opcollect.plans.moe import _sglang, _sglang_case
+
+    kimi_k25 = {"hidden": 7168, "inter": 2048, "topk": 8, "experts": 384}
+    kimi_k3 = {"hidden": 3584, "inter": 3072, "topk": 16, "experts": 896}
+    rows = [  # (case, SM, plan label, --moe-runner-backend, what the method runs)
+        (case("nvfp4", **QWEN3), "90", "sglang_marlin_moe", "auto", "marlin"),
+        (case("int4_wo", **QWEN3), "100", "sglang_marlin_moe", "auto", "marlin"),
+        (case("int4_wo", **kimi_k25), "100", "sglang_flashinfer_trtllm_moe", "flashinfer_trtllm", "flashinfer_trtllm"),
+        (case("w4a16_mxfp4", **kimi_k3), "100", "sglang_marlin_moe_situ_as_silu", "marlin", "marlin"),
+        (case("w4a16_mxfp4", **kimi_k3), "90", "sglang_marlin_moe_situ_as_silu", "marlin", "marlin"),
+    ]
+    for c, sm, label, backend, runs in rows:
+        dispatch = _sglang_case(sm, _sglang(sm, types.SimpleNamespace(dtype=c.moe_dtype)), c)
+        assert dispatch == label, (c, sm)
+        installed = moe.server_backend(c, dispatch, int(sm) // 10)
+        assert installed == backend, (c, sm)
+        assert (moe.auto_backend(c.moe_dtype, int(sm) // 10) if installed == "auto" else installed) == runs

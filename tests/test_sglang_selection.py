@@ -1,8 +1,8 @@
 """SGLang's MoE runner choice comes from its own ServerArgs (cases/selection/sglang-0.5.14.yaml), per SM and model.
 
-The first two tests run the pinned wheel's selection code (scripts/selection_tables_sglang.py) in a subprocess and
-are skipped where the wheel is not downloaded (`nox -s contract-sglang` fetches it; CI runs that first). The
-others hold the planner to the committed file without importing SGLang.
+The tests marked needs_wheel run the pinned wheel's selection code (scripts/selection_tables_sglang.py) in a
+subprocess and are skipped where the wheel is not downloaded (`nox -s contract-sglang` fetches it; CI runs that
+first). The others hold the planner to the committed file without importing SGLang.
 """
 
 from __future__ import annotations
@@ -57,6 +57,50 @@ def test_triton_kernel_runner_needs_quantization_unset_and_ep_1():
     done = _run("-c", code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["triton_kernel", "auto", "auto", "auto"]
+
+
+@needs_wheel
+def test_fp8_linear_selection_runs_sglang_own_dispatch_per_sm_and_environment():
+    # fp8_utils.py:489-507 auto order: DeepGEMM when JIT DeepGEMM is on (configurer.py:17-35: SM90+ but not SM120,
+    # deep_gemm importable), else FlashInfer on Blackwell, else CUTLASS from Hopper; SM120 is set to triton
+    # (:510-519); fp8 Marlin below SM89 (:1731-1737); the real functions decide, on a device reporting the SM
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.path.insert(0, "scripts")
+        import selection_tables_sglang as g
+        sa = g.load_server_args(g.default_source())
+        g.SMS.update({"120": (12, 0), "80": (8, 0)}); g.DEVICE_MIB.update({"120": 97887, "80": 81920})
+        m = g.ModelClass("gemm/LlamaForCausalLM/fp8_block", "LlamaForCausalLM", g.FP8_BLOCK)
+        for sm, env in [("90", None), ("100", None), ("90", {"deep_gemm": False}), ("100", {"deep_gemm": False}),
+                        ("120", None), ("80", None)]:
+            row = g.evaluate(sa, m, sm, env)
+            print(row["block_fp8_linear"], row["fp8_marlin"])
+        """
+    )
+    done = _run("-c", code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [
+        "deepgemm_w8a8_block_fp8_linear_with_fallback", "False",
+        "deepgemm_w8a8_block_fp8_linear_with_fallback", "False",
+        "cutlass_w8a8_block_fp8_linear_with_fallback", "False",
+        "flashinfer_gemm_w8a8_block_fp8_linear_with_fallback", "False",
+        "triton_w8a8_block_fp8_linear", "False",
+        "triton_w8a8_block_fp8_linear", "True",
+    ]  # fmt: skip
+
+
+def test_mla_rows_cover_both_table_models_and_agree():
+    """The MLA tables' heads are DeepSeek-V3's and Kimi-K2.5's: both take ServerArgs' DeepSeek branch, so the one
+    backend the plan asks for (selection_sglang.MLA_ARCHITECTURE) is theirs alike."""
+    from opcollect.plans import selection_sglang
+
+    for sm in ("90", "100"):
+        for kv in ("bfloat16", "fp8"):
+            for phase in ("prefill", "decode"):
+                deepseek = selection_sglang.mla_backend(sm, kv, phase)
+                assert deepseek is not None
+                assert selection_sglang.mla_backend(sm, kv, phase, "KimiK25ForConditionalGeneration") == deepseek
 
 
 def _dispatch(sm: str, case: MoeCase) -> str:

@@ -97,6 +97,7 @@ def test_mla_footprint_grows_with_the_case():
     base = mla.footprint(mcase(heads=16), True)
     assert mla.footprint(mcase(heads=32), True) > base
     assert mla.footprint(mcase(heads=16, isl=400), True) > base
+    assert mla.footprint(mcase(heads=16, gemm="nvfp4"), True) < mla.footprint(mcase(heads=16, gemm="fp8_block"), True)
     assert mla.footprint(mcase(heads=16, gemm="fp8_block"), True) < base
     assert mla.footprint(mcase(heads=16, isl=1, step=8000), False) > mla.footprint(
         mcase(heads=16, isl=1, step=8), False
@@ -109,10 +110,13 @@ def test_kernel_limits_before_any_framework_import():
         attn.prepare(acase()._replace(attn_dtype="float32"), "FLASH_ATTN", "cpu", 1, True)
     with pytest.raises(KernelLimit):
         attn.prepare(acase(kv_dtype="float32"), "FLASH_ATTN", "cpu", 1, True)
+    # vLLM's fp8 query is a prefill setting over an fp8 cache (mla_attention.py:1462-1466)
     with pytest.raises(KernelLimit):
         mla.prepare(mcase(mla_dtype="fp8"), "FLASH_ATTN_MLA", "cpu", 1, True)
     with pytest.raises(KernelLimit):
-        mla.prepare(mcase(gemm="nvfp4"), "FLASH_ATTN_MLA", "cpu", 1, True)
+        mla.prepare(mcase(mla_dtype="fp8", kv_dtype="fp8", isl=1, step=100), "FLASHINFER_MLA", "cpu", 1, False)
+    with pytest.raises(KernelLimit):
+        mla.prepare(mcase(gemm="int4_wo"), "FLASH_ATTN_MLA", "cpu", 1, True)
     assert "vllm" not in sys.modules
 
 

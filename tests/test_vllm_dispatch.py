@@ -75,6 +75,32 @@ def test_mla_context_runs_the_prefill_backend_past_the_decode_threshold():
     assert rule("100", "FLASHINFER_MLA", case(2)) == "FLASH_ATTN"
 
 
+def test_mla_fp8_prefill_query_names_the_prefill_backend_vllm_serves_it_with():
+    from opcollect.backends.vllm.mla import FP8_PREFILL_BACKEND
+
+    rule = mla._vllm_context
+    fp8 = lambda isl: MlaCase("fp8", "fp8", 16, 1, isl, 1, 0)  # noqa: E731
+    # the SM100 family pins TRTLLM_RAGGED for the fp8 query (the runner sets it: backends/vllm/mla.py)
+    assert rule("100", "FLASHINFER_MLA", fp8(2)) == rule("103", "FLASHINFER_MLA", fp8(4096)) == "TRTLLM_RAGGED"
+    assert FP8_PREFILL_BACKEND == "TRTLLM_RAGGED"
+    assert rule("100", "FLASHINFER_MLA", fp8(1)) == "FLASHINFER_MLA"  # within the decode threshold
+    assert rule("100", "FLASHINFER_MLA", fp8(2)._replace(mla_dtype="bfloat16")) == "FLASH_ATTN"
+    assert rule("90", "FLASHMLA", fp8(129)) == "FLASH_ATTN"  # SM90 unchanged
+
+
+def test_sm100_plan_labels_the_fp8_prefill_and_nvfp4_module_cases(planner):
+    from opcollect.plans.mla_module import MlaModuleCase
+
+    found = planner.plan("vllm", "100").ops["mla_context_module"]
+    labels = {}
+    for raw, dispatch in zip(found.values, found.dispatch):
+        case = MlaModuleCase._make(raw)
+        labels.setdefault((case.mla_dtype, case.gemm_type, case.isl > 1), set()).add(dispatch)
+    assert labels[("fp8", "fp8_block", True)] == {"TRTLLM_RAGGED"}
+    assert labels[("bfloat16", "nvfp4", True)] == {"FLASH_ATTN"}
+    assert labels.get(("fp8", "fp8_block", False), {"FLASHINFER_MLA"}) == {"FLASHINFER_MLA"}
+
+
 def test_moe_fp8_block_by_expert_split_and_mxfp4_by_model():
     rule = moe._vllm_case
     tp = MoeCase("fp8_block", 64, 7168, 2048, 8, 256, 8, 1, "balanced")

@@ -7,6 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import GemmGrid
 from opcollect.cases.profiles import ModelShapes
+from opcollect.plans import selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 
 
@@ -85,9 +86,37 @@ def _vllm_case(sm: str, dispatch: str, case: GemmCase) -> str:
     return dispatch
 
 
+def _sglang_fp8(sm: str, dtype: str) -> str | None:
+    """The fp8 linear kernel Fp8LinearMethod.__init__ picks on this SM (layers/quantization/fp8.py:341-362), as
+    cases/selection/sglang-0.5.14.yaml records it from the pinned fp8_utils.py (scripts/selection_sglang_fp8.py):
+    weight-only Marlin below SM89 (can_auto_enable_marlin_fp8, fp8_utils.py:1731-1737); block fp8 runs the
+    function dispatch_w8a8_block_fp8_linear returns for --fp8-gemm-backend auto (fp8_utils.py:394-410, 489-507:
+    DeepGEMM with its Triton fallback where JIT DeepGEMM is on, SM90 and SM100 with the image's deep_gemm; SM120
+    is set to triton, :510-519); per-tensor fp8 runs apply_fp8_linear's CUTLASS branch when cutlass_fp8_supported
+    (fp8_utils.py:162-171, 1621-1638), else torch._scaled_mm. The labels are backends/sglang/gemm.py
+    kernel_name's; the dtype where the shape decides (_sglang_case). None where the file has no answer."""
+    entry = selection_sglang.fp8_gemm(sm, dtype)
+    if entry is None:
+        return None
+    if entry["fp8_marlin"]:
+        return "sglang_fp8_marlin"
+    if dtype == "fp8_block":
+        chosen = entry["block_fp8_linear"]
+        if chosen == "deepgemm_w8a8_block_fp8_linear_with_fallback":
+            return "fp8_block"  # DeepGEMM or its Triton fallback by N and K: _sglang_case
+        return "sglang_triton_w8a8_block_fp8" if chosen == "triton_w8a8_block_fp8_linear" else f"sglang_{chosen}"
+    if not entry["cutlass_fp8_supported"]:
+        return "sglang_torch_scaled_mm"
+    return "sglang_triton_scaled_mm" if entry["triton_w8a8_fp8_kernel"] else "fp8"
+
+
 def _sglang(sm: str, group: Group) -> str:
     """SGLang 0.5.14's linear kernel per dtype, named as the reference labels it (collector/sglang/
     collect_gemm.py:329-337); shape-dependent choices: _sglang_case. Paths are in the wheel's sglang/srt/."""
+    if group.dtype in ("fp8", "fp8_block"):
+        chosen = _sglang_fp8(sm, group.dtype)  # SGLang's own selection where the file covers the SM
+        if chosen is not None:
+            return chosen
     if group.dtype == "fp8":
         return "fp8"  # by shape: _sglang_case
     if group.dtype == "fp8_block":

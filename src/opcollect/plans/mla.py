@@ -9,6 +9,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import ContextMlaGrid, GenerationMlaGrid, MlaGrid
 from opcollect.cases.profiles import ModelShapes
+from opcollect.plans import selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
 
@@ -98,22 +99,48 @@ def _vllm(sm: str, group: Group) -> str:
     return "FLASHINFER_MLA" if sm in ("100", "103") else "TRITON_MLA"
 
 
-@refines(("isl",))
+@refines(("isl", "mla_dtype"))  # mla_dtype: the fp8 prefill query
 def _vllm_context(sm: str, dispatch: str, case: MlaCase) -> str:
     # Prefill tokens beyond the backend's decode threshold run the prefill backend, FLASH_ATTN on SM90 and
     # first on SM100 (mla/prefill/selector.py:48-69): the threshold is 512 for FLASH_ATTN_MLA
-    # (flashattn_mla.py:118), 128 for FLASHMLA (flashmla.py:121), 1 otherwise (mla_attention.py:1419, 1638-1644)
+    # (flashattn_mla.py:118), 128 for FLASHMLA (flashmla.py:121), 1 otherwise (mla_attention.py:1419, 1638-1644).
+    # An fp8 query is served on the SM100 family only (mla_attention.py:1384-1386) with the prefill backend pinned
+    # to TRTLLM_RAGGED, the selector's first fp8-query backend there (selector.py:59-65, mla_attention.py:1393-1397;
+    # backends/vllm/mla.py FP8_PREFILL_BACKEND); the auto choice, FLASH_ATTN, would keep the bf16 query
     threshold = {"FLASH_ATTN_MLA": 512, "FLASHMLA": 128}.get(dispatch, 1)
-    return dispatch if case.isl <= threshold else "FLASH_ATTN"
+    if case.isl <= threshold:
+        return dispatch
+    return "TRTLLM_RAGGED" if case.mla_dtype == "fp8" and sm in ("100", "103") else "FLASH_ATTN"
 
 
-def _sglang(sm: str, group: Group) -> str:
-    # SGLang 0.5.14's MLA backend: fa3 on Hopper (sglang/srt/server_args.py:4456-4459), which the reference
-    # labels flash_attention (collector/sglang/collect_mla.py:434-437); trtllm_mla for DeepSeek on SM100/103
-    # (server_args.py:3636-3650); triton elsewhere (server_args.py:4471-4472)
+# SGLang's attention backend names as the reference labels their MLA rows: fa3 is flash_attention
+# (collector/sglang/collect_mla.py:434-437; backends/sglang/mla.py MLA_SOURCE)
+_SGLANG_MLA_LABELS = {"fa3": "flash_attention"}
+
+
+def _sglang_phase(sm: str, group: Group | None, phase: str) -> str:
+    """SGLang 0.5.14's MLA backend for DeepSeek's MLA in ``phase`` ("prefill" or "decode"): ServerArgs' own choice
+    at this SM and KV cache dtype (cases/selection/sglang-0.5.14.yaml, written by scripts/selection_tables_sglang.py
+    from server_args.py's DeepSeek branch :3636-3650 and _get_default_attn_backend :4456-4472). The KV cache is fp8
+    when either dtype field says so (the reference puts the switch in mla_dtype; backends/sglang/mla.py fp8_cache)."""
+    constants = getattr(group, "constants", None) or {}
+    fp8 = "fp8" in (constants.get("mla_dtype"), constants.get("kv_cache_dtype"))
+    chosen = selection_sglang.mla_backend(sm, "fp8" if fp8 else "bfloat16", phase)
+    if chosen is not None:
+        return _SGLANG_MLA_LABELS.get(chosen, chosen)
+    # an SM the file does not cover: fa3 on Hopper (server_args.py:4456-4459), trtllm_mla for DeepSeek on
+    # SM100/103 (:3636-3650), triton elsewhere (:4471-4472)
     if sm == "90":
         return "flash_attention"
     return "trtllm_mla" if sm in ("100", "103") else "triton"
+
+
+def _sglang(sm: str, group: Group | None) -> str:
+    return _sglang_phase(sm, group, "prefill")
+
+
+def _sglang_generation(sm: str, group: Group | None) -> str:
+    return _sglang_phase(sm, group, "decode")
 
 
 def _trtllm(sm: str, group: Group) -> str:
@@ -122,7 +149,7 @@ def _trtllm(sm: str, group: Group) -> str:
     return "default"
 
 
-def _mla_plan(name: str, table: str, op_name: str, expand, cost) -> OpPlan:
+def _mla_plan(name: str, table: str, op_name: str, expand, cost, sglang) -> OpPlan:
     return OpPlan(
         name=name,
         family="mla",
@@ -132,10 +159,12 @@ def _mla_plan(name: str, table: str, op_name: str, expand, cost) -> OpPlan:
         dtype_fields=("mla_dtype", "kv_cache_dtype"),
         expand=expand,
         tp_sizes=lambda grid: tuple(grid.tp_size),
-        dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
+        dispatch={"torch": _torch, "vllm": _vllm, "sglang": sglang, "trtllm": _trtllm},
         cost=cost,
     )
 
 
-CONTEXT = _mla_plan("mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost)
-GENERATION = _mla_plan("mla_generation", "generation_mla_perf", "mla_generation", expand_generation, _generation_cost)
+CONTEXT = _mla_plan("mla_context", "context_mla_perf", "mla_context", expand_context, _context_cost, _sglang)
+GENERATION = _mla_plan(
+    "mla_generation", "generation_mla_perf", "mla_generation", expand_generation, _generation_cost, _sglang_generation
+)

@@ -59,7 +59,7 @@ def _vllm(sm: str, group: Group) -> str:
     return chosen if chosen is not None else mla.CONTEXT.dispatch["vllm"](sm, group)
 
 
-@refines(("isl",))
+@refines(("isl", "mla_dtype"))  # mla_dtype: the fp8 prefill query
 def _vllm_context(sm: str, dispatch: str, case: MlaModuleCase) -> str:
     return mla._vllm_context(sm, dispatch, case)
 

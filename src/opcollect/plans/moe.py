@@ -188,17 +188,20 @@ def _sglang_auto(sm: str, dtype: str) -> str:
     """The runner a quant method resolves "auto" to, or the dtype where the model decides (_sglang_model)."""
     family100 = sm in ("100", "103")
     if dtype == "nvfp4":
-        # ModelOptNvFp4FusedMoEMethod in auto: FlashInfer TRT-LLM (layers/quantization/modelopt_quant.py:2317-2324);
-        # SM120 takes FlashInfer CUTLASS (server_args.py:5096-5104)
-        return "sglang_flashinfer_trtllm_moe" if family100 else "sglang_flashinfer_cutlass_moe"
-    if dtype in ("int4_wo", "w4a8_mxfp4_mxfp8") and family100:
+        # ModelOptNvFp4FusedMoEMethod.create_moe_runner in auto: Marlin on SM 8.0-9.x, else FlashInfer TRT-LLM
+        # (layers/quantization/modelopt_quant.py:2317-2324); ServerArgs turns SM120's auto into FlashInfer CUTLASS
+        # first (server_args.py:5096-5104)
+        if sm_at_least(sm, 80) and not sm_at_least(sm, 100):
+            return "sglang_marlin_moe"
+        return "sglang_flashinfer_cutlass_moe" if sm == "120" else "sglang_flashinfer_trtllm_moe"
+    if dtype == "w4a8_mxfp4_mxfp8" and family100:
         return "sglang_flashinfer_trtllm_moe"
     if dtype == "int4_wo":
-        # CompressedTensorsWNA16MoE hard-codes Marlin
-        # (layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:412-416)
+        # compressed-tensors int4 experts in auto: CompressedTensorsWNA16MoE, Marlin, on every SM
+        # (layers/quantization/compressed_tensors/compressed_tensors.py:689-697; its runner
+        # schemes/compressed_tensors_wNa16_moe.py:412-416); only ServerArgs' DeepSeek branch sets flashinfer_trtllm,
+        # for Kimi-K2/K2.5's int4 group-32 recipe on SM100 (server_args.py:3683-3737), which the file records
         return "sglang_marlin_moe"
-    if dtype == "w4a16_mxfp4" and sm == "120":
-        return "sglang_marlin_moe"  # gpt-oss MXFP4 on SM120 (server_args.py:3882-3887)
     return dtype  # the runner depends on the model: _sglang_model
 
 
@@ -252,11 +255,16 @@ def _sglang_model(sm: str, dispatch: str, case: MoeCase) -> str:
     """Hand rules for SMs and models the selection file does not cover."""
     family100 = sm in ("100", "103")
     if dispatch == "w4a16_mxfp4":
+        if case.num_experts == 896:
+            # Kimi-K3's 896 MXFP4 experts: 0.5.14 has no KimiK3 architecture (so no ServerArgs branch); the
+            # reference collector serves them with Marlin under SiLU on every SM (collector/sglang cases
+            # KimiK3ForConditionalGeneration_cases.yaml:46-72)
+            return "sglang_marlin_moe_situ_as_silu"
         if family100:  # gpt-oss MXFP4 on SM100: flashinfer_mxfp4 (server_args.py:3876-3881)
             return "sglang_flashinfer_trtllm_moe"
-        # Kimi-K3's 896 MXFP4 experts: the reference collector serves them with Marlin under SiLU
-        # (collector/sglang cases KimiK3ForConditionalGeneration_cases.yaml:46-72); gpt-oss stays on Triton
-        return "sglang_marlin_moe_situ_as_silu" if case.num_experts == 896 else "sglang_fused_moe_triton"
+        if sm == "120":
+            return "sglang_marlin_moe"  # gpt-oss MXFP4 on SM120 (server_args.py:3882-3887)
+        return "sglang_fused_moe_triton"  # gpt-oss on Hopper: auto, Triton (the image has no triton_kernels)
     if dispatch not in ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8"):
         return dispatch
     if _nemotron_h(case) and dispatch == "bfloat16":

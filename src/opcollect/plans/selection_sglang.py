@@ -2,9 +2,9 @@
 
 scripts/selection_tables_sglang.py writes the file by running the pinned wheel's ServerArgs.__post_init__ on a CPU
 with the device reporting each SM; tests/test_sglang_selection.py regenerates and compares it. The plans' SGLang
-MoE and attention dispatch ask here first and keep their hand-written rule where the file has no answer (an SM
-it does not cover, a model 0.5.14 does not know, or "auto": the quant method resolves that when the layer is
-built). Pure YAML: no framework import.
+MoE, attention, MLA and fp8 GEMM dispatch ask here first and keep their hand-written rule where the file has no
+answer (an SM it does not cover, a model 0.5.14 does not know, or "auto": the quant method resolves that when the
+layer is built). Pure YAML: no framework import.
 """
 
 from __future__ import annotations
@@ -65,3 +65,26 @@ def attention_backend(sm: str, architecture: str, kv_cache_dtype: str, phase: st
     if not entry or "refused" in entry:
         return None
     return entry.get(f"{phase}_attention_backend")
+
+
+# The architecture whose MLA ServerArgs is asked about: DeepSeek-V3, which the SGLang MLA runner stands in for
+# (backends/sglang/mla.py); Kimi-K2.5, the tables' other head count, takes the same DeepSeek branch
+# (server_args.py:3519-3527) and the file records it too (tests/test_sglang_selection.py holds them equal)
+MLA_ARCHITECTURE = "DeepseekV3ForCausalLM"
+
+
+def mla_backend(sm: str, kv_cache_dtype: str, phase: str, architecture: str = MLA_ARCHITECTURE) -> str | None:
+    """The prefill or decode attention backend ServerArgs leaves for an MLA model with this KV cache dtype
+    ("bfloat16" or "fp8"); None where the file has no answer."""
+    entry = table(FILE).get(_sm(sm), {}).get(f"mla/{architecture}/{kv_cache_dtype}")
+    if not entry or "refused" in entry:
+        return None
+    return entry.get(f"{phase}_attention_backend")
+
+
+def fp8_gemm(sm: str, dtype: str) -> dict | None:
+    """What Fp8LinearMethod.__init__ decides for an fp8 checkpoint (``dtype`` "fp8" or "fp8_block") on this SM:
+    block_fp8_linear (the function dispatch_w8a8_block_fp8_linear returns), cutlass_fp8_supported, fp8_marlin and
+    triton_w8a8_fp8_kernel (scripts/selection_sglang_fp8.py); None where the file has no answer."""
+    entry = table(FILE).get(_sm(sm), {}).get(f"gemm/LlamaForCausalLM/{dtype}")
+    return None if not entry or "refused" in entry else entry

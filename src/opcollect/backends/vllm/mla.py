@@ -11,6 +11,10 @@ The config is serving's for the batch (context.serve_batch): custom ops on, so r
 kernel_source is read from what vLLM chose, as the reference collector names it (collect_mla_module.py:286-300): the
 MLA backend's get_name() when the batch has no prefill part, else the prefill backend's (MLAAttention.prefill_backend,
 mla_attention.py:493-502): FLASH_ATTN_MLA, FLASHMLA, FLASHINFER_MLA, or FLASH_ATTN / TRTLLM_RAGGED / FLASHINFER.
+
+Projections (gemm_type) are built under the quant config of the checkpoint that serves them: none for bf16, block fp8
+(DeepSeek-V3's own), ModelOpt NVFP4 (an NVFP4 DeepSeek checkpoint's hf_quant_config). An fp8 mla_dtype is vLLM's fp8
+prefill query over an fp8 cache, as `--attention-config` turns it on for the SM100 family (prefill_query).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from opcollect.backends.vllm.gemm import CONSTANTS, NVFP4_GROUP
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.timing import random_tensor
@@ -51,7 +56,22 @@ LATENT = DEEPSEEK_V3["kv_lora_rank"] + DEEPSEEK_V3["qk_rope_head_dim"]  # 576: o
 MLA_BLOCK_SIZE = {"FLASH_ATTN_MLA": 16, "FLASHMLA": 64, "FLASHINFER_MLA": 32, "CUTLASS_MLA": 128}
 NULL_BLOCK = 0
 CACHE_DTYPE = {"bfloat16": "auto", "fp8": "fp8"}
-GEMM_TYPES = ("bfloat16", "fp8_block")
+GEMM_TYPES = ("bfloat16", "fp8_block", "nvfp4")
+# nvfp4: a ModelOpt NVFP4 checkpoint's hf_quant_config ({"quant_algo": "NVFP4", "group_size": 16}, gemm.py's
+# NVFP4_GROUP): one fp8 scale per 16 weights (model_executor/layers/quantization/modelopt.py:1011-1045, 1071-1108),
+# the GEMM runner's config; the reference collector builds the same (collector/vllm/collect_mla_module.py:303-336)
+# ModelOptNvFp4LinearMethod's scales (modelopt.py:1170-1197), filled with the GEMM runner's unit values
+NVFP4_SCALES = ("input_scale", "weight_scale_2", "weight_scale")
+# vLLM quantizes the prefill query to fp8 only with an fp8 KV cache, attention_config.use_prefill_query_quantization,
+# the SM100 family and a FLASHINFER / TRTLLM_RAGGED / TOKENSPEED_MLA prefill backend (model_executor/layers/attention/
+# mla_attention.py:1372-1397, 1452-1493); otherwise it silently keeps the bf16 query. The SM100 auto selector ranks
+# FLASH_ATTN first (v1/attention/backends/mla/prefill/selector.py:59-65), so serving fp8 prefill names the backend
+# too: TRTLLM_RAGGED, the first of the three in that ranking, as the reference collector pins it
+# (collector/vllm/collect_mla_module.py:425-445, clearing the cache below at :466)
+FP8_PREFILL_BACKEND = "TRTLLM_RAGGED"  # verified_on: vllm==0.24.0
+# the KV-cache method's checkpoint scales (quantization/kv_cache.py:57-69): left at their -1 "not in the checkpoint",
+# so its process_weights_after_loading sets 1.0 (kv_cache.py:111-115), as for a checkpoint without KV scales
+KV_SCALES = ("q_scale", "k_scale", "v_scale", "prob_scale")
 
 
 @dataclass(frozen=True)
@@ -116,13 +136,18 @@ def weight_elements(num_heads: int) -> int:
 
 
 def footprint(case, context: bool) -> int:
-    """Weights (fp8 block: 1 byte plus a 128x128 scale each), bf16 W_UK_T/W_UV, hidden in and out, the queries and
-    latent per token, and the latent cache at the largest page size (64)."""
+    """Weights (fp8 block: 1 byte plus a 128x128 scale each; nvfp4: half a byte plus an fp8 scale per 16), bf16
+    W_UK_T/W_UV, hidden in and out, the queries and latent per token, and the latent cache at the largest page size
+    (64)."""
     c = DEEPSEEK_V3
     h = case.num_heads
-    weights = weight_elements(h) * (1 if case.gemm_type == "fp8_block" else 2)
+    elements = weight_elements(h)
     if case.gemm_type == "fp8_block":
-        weights += weight_elements(h) // (128 * 128) * 4
+        weights = elements + elements // (128 * 128) * 4
+    elif case.gemm_type == "nvfp4":
+        weights = elements // 2 + elements // NVFP4_GROUP
+    else:
+        weights = elements * 2
     absorbed = 2 * h * c["kv_lora_rank"] * (c["qk_nope_head_dim"] + c["v_head_dim"])
     layout = mla_layout(case, context, 64)
     tokens = layout.num_tokens
@@ -151,7 +176,14 @@ def fill_and_process(module, dtype, device: str) -> None:
 
     gen = torch.Generator(device=device).manual_seed(0)
     for name, param in module.named_parameters():
-        if not param.dtype.is_floating_point:
+        last = name.rsplit(".", 1)[-1]
+        if last in KV_SCALES:
+            continue
+        if not param.dtype.is_floating_point:  # NVFP4's packed weight: two e2m1 values a byte, any byte is one
+            param.data.copy_(torch.randint(0, 256, param.shape, generator=gen, device=device, dtype=torch.uint8))
+            continue
+        if last in NVFP4_SCALES:
+            param.data.fill_(CONSTANTS[last])
             continue
         values = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32)
         if "scale" in name:  # block-fp8 weight_scale_inv: small positive scales
@@ -170,19 +202,75 @@ def fill_and_process(module, dtype, device: str) -> None:
             sub.process_weights_after_loading(dtype)
 
 
-def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Prepared:
-    if case.mla_dtype != "bfloat16":
-        # an fp8 MLA query runs only on SM100 with an fp8-capable prefill backend (mla_attention.py:1372-1398,
-        # 1453-1493); on SM90 vLLM silently keeps bf16, so an fp8 row would time bf16. Not measured on any SM yet
-        raise KernelLimit(f"the vLLM MLA runner times bf16 MLA only, not {case.mla_dtype}")
+def check_dtypes(case, context: bool) -> None:
+    """Refuse, before any framework import, the dtypes vLLM cannot serve the module with."""
+    if case.mla_dtype not in ("bfloat16", "fp8"):
+        raise KernelLimit(f"vLLM has no {case.mla_dtype} MLA query")
+    if case.mla_dtype == "fp8" and (not context or case.kv_cache_dtype != "fp8"):
+        # the fp8 query is a prefill setting over an fp8 cache only (mla_attention.py:1462-1466); decode queries
+        # follow the MLA backend and the cache dtype, so an fp8 generation label would time the bf16 row again
+        raise KernelLimit("vLLM quantizes the MLA query to fp8 only for prefill over an fp8 KV cache")
     if case.kv_cache_dtype not in CACHE_DTYPE:
         raise KernelLimit(f"vLLM has no {case.kv_cache_dtype} MLA cache")
     if case.gemm_type not in GEMM_TYPES:
         raise KernelLimit(f"the vLLM MLA runner has no {case.gemm_type} projections")
+
+
+def quant_config(gemm_type: str):
+    """The quant config of the checkpoint that serves these projections; None for bf16."""
+    if gemm_type == "fp8_block":
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+        return Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128])
+    if gemm_type == "nvfp4":
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        return ModelOptNvFp4Config(
+            quant_method="NVFP4",
+            is_checkpoint_nvfp4_serialized=True,
+            kv_cache_quant_algo=None,
+            exclude_modules=[],
+            group_size=NVFP4_GROUP,
+        )
+    return None
+
+
+def prefill_query(config, mla_dtype: str) -> None:
+    """Set what vLLM reads for the prefill query's dtype (see FP8_PREFILL_BACKEND), before the module picks its
+    prefill backend (mla_attention.py:493) and the builder its query dtype (mla_attention.py:1519)."""
+    from vllm.model_executor.layers.attention.mla_attention import backend_supports_prefill_query_quantization
+    from vllm.platforms import current_platform
+
+    # a process-wide functools.cache that reads the config current at its first call (mla_attention.py:1371): a
+    # serving process has one config, a worker builds one per case
+    backend_supports_prefill_query_quantization.cache_clear()
+    if mla_dtype != "fp8":
+        return
+    if not current_platform.is_device_capability_family(100):
+        raise KernelLimit("vLLM quantizes the MLA prefill query to fp8 only on the SM100 family")
+    from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
+
+    config.attention_config.use_prefill_query_quantization = True
+    config.attention_config.mla_prefill_backend = MLAPrefillBackendEnum[FP8_PREFILL_BACKEND]
+
+
+def check_query_dtype(builder, mla_dtype: str, dtype) -> None:
+    """vLLM falls back to the bf16 query without an error (mla_attention.py:1472-1480): refuse a row it would
+    mislabel."""
+    if mla_dtype != "fp8":
+        return
+    from vllm.platforms import current_platform
+
+    chosen = getattr(builder, "q_data_type", dtype)
+    if chosen != current_platform.fp8_dtype():
+        raise KernelLimit(f"vLLM chose a {chosen} prefill query for an fp8 mla_dtype")
+
+
+def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Prepared:
+    check_dtypes(case, context)
     import torch
     from vllm.config import CacheConfig, set_current_vllm_config
     from vllm.forward_context import set_forward_context
-    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLAAttention
 
     from opcollect.backends.vllm.attention import allocate_cache, common_metadata
@@ -193,11 +281,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     c = DEEPSEEK_V3
     prefix = "opcollect.mla"
     name = f"{prefix}.attn"  # MLAAttention's name in static_forward_context (layers/mla.py:101-113)
-    quant = (
-        Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128])
-        if case.gemm_type != "bfloat16"
-        else None
-    )
+    quant = quant_config(case.gemm_type)
     with vllm_context(device, quant_config=quant) as config:
         query_len, seq_len = lengths(case, context)
         # batch limits, CUDA-graph sizes and eager kernels as served (custom rope and fp8 quant, RMSNorm's C kernel),
@@ -211,6 +295,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
         config.model_config.is_mm_prefix_lm = False
         config.model_config.use_mla = True
         config.cache_config.cache_dtype = CACHE_DTYPE[case.kv_cache_dtype]
+        prefill_query(config, case.mla_dtype)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
@@ -242,6 +327,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
         layout = mla_layout(case, context, block_size)
         spec = mla_attn.get_kv_cache_spec(config)
         builder = backend.get_builder_cls()(spec, [name], config, torch.device(device))
+        check_query_dtype(builder, case.mla_dtype, dtype)
         metadata = builder.build(common_prefix_len=0, common_attn_metadata=common_metadata(layout, device))
         source = kernel_source(mla_attn, metadata)
         caches = [
