@@ -1272,6 +1272,77 @@ ROWS = [
         code=1,
     ),
     # --- end of one writer
+    # --- one reader (issue 21: D29, D31): every JSON reader bounds nesting; plan-diff types a --json summary ---
+    Row(
+        "run-plan-deeply-nested",
+        ("run", "--plan", "{tmp}/p.json", "--out", "{tmp}/out", "--device", "cpu"),
+        "--plan {tmp}/p.json: not a plan file (JSON nested too deeply)",
+        write("{tmp}/p.json", "[" * 100_000),
+    ),
+    Row(
+        "model-config-deeply-nested",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "{tmp}/config.json: JSON nested too deeply",
+        write("{tmp}/config.json", "[" * 100_000),
+    ),
+    Row(
+        "plan-diff-old-deeply-nested",
+        ("plan-diff", "{tmp}/old.json", "{plan}"),
+        "{tmp}/old.json: not a plan file (JSON nested too deeply)",
+        write("{tmp}/old.json", "[" * 100_000),
+    ),
+    Row(
+        "verify-manifest-deeply-nested",
+        ("verify", "{tables}"),
+        "manifest.json: JSON nested too deeply; restore it from a backup",
+        write(MANIFEST, "[" * 100_000),
+    ),
+    Row(
+        "merge-run-json-deeply-nested",
+        MERGE_RUN,
+        "{run}/run.json: not valid JSON (nested too deeply)",
+        write("{run}/run.json", "[" * 100_000),
+    ),
+    Row(
+        "merge-event-deeply-nested",
+        MERGE_RUN,
+        EVENT + "not valid JSON (nested too deeply)",
+        write("{run}/events/r1.json", '{"run_id": ' * 100_000),
+    ),
+    Row(
+        "plan-diff-summary-without-counts",
+        ("plan-diff", "{tmp}/s.json", "{tmp}/s.json"),
+        "{tmp}/s.json: field 'ops.gemm.cases': missing required field",
+        write("{tmp}/s.json", '{"plan_hash": "x", "ops": {"gemm": {}}}'),
+    ),
+    Row(
+        "plan-diff-summary-ops-a-list",
+        ("plan-diff", "{tmp}/s.json", "{tmp}/s.json"),
+        "{tmp}/s.json: field 'ops': Input should be a valid dictionary",
+        write("{tmp}/s.json", '{"plan_hash": "x", "ops": [1, 2]}'),
+    ),
+    Row(
+        "plan-diff-summary-op-a-number",
+        ("plan-diff", "{tmp}/s.json", "{tmp}/s.json"),
+        "{tmp}/s.json: field 'ops.gemm': Input should be a valid dictionary",
+        write("{tmp}/s.json", '{"plan_hash": "x", "ops": {"gemm": 3}}'),
+    ),
+    Row(
+        "plan-diff-summary-count-a-string",
+        ("plan-diff", "{tmp}/s.json", "{tmp}/s.json"),
+        "{tmp}/s.json: field 'ops.gemm.by_dtype.bfloat16': Input should be a valid integer",
+        write(
+            "{tmp}/s.json",
+            '{"plan_hash": "x", "ops": {"gemm": {"cases": 1, "by_dtype": {"bfloat16": "1"}, "by_dispatch": {}}}}',
+        ),
+    ),
+    Row(
+        "plan-diff-summary-unknown-op",
+        ("plan-diff", "{tmp}/s.json", "{tmp}/s.json"),
+        "{tmp}/s.json: field 'ops.foo': Input should be 'gemm'",
+        write("{tmp}/s.json", '{"plan_hash": "x", "ops": {"foo": {"cases": 1, "by_dtype": {}, "by_dispatch": {}}}}'),
+    ),
+    # --- end of one reader
 ]
 
 

@@ -1,4 +1,7 @@
-"""YAML loading into typed models, with one-line errors that name the file and field path."""
+"""YAML loading into typed models, with one-line errors that name the file and field path.
+
+Files are read by opcollect.inputs (a regular file, of bounded size). The safe loader builds no objects from
+tags; libyaml refuses nesting past its own bound (a YAMLError), the pure-Python loader past the recursion limit."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from opcollect.errors import InputError
+from opcollect.inputs import MIB, not_utf8, read_bytes
 
 try:
     _Loader = yaml.CSafeLoader
@@ -17,13 +21,21 @@ except AttributeError:  # libyaml missing: the pure-Python loader is ~8x slower 
     _Loader = yaml.SafeLoader
 
 M = TypeVar("M", bound=BaseModel)
+MAX_BYTES = 16 * MIB  # the largest committed YAML (a selection) is ~100 KB; a sidecar a few KB
 
 
-def read_yaml(path: Path) -> object:
+def read_yaml(
+    path: Path,
+    what: str = "YAML file",
+    fix: str = "check the path",
+    *,
+    limit: int = MAX_BYTES,
+    tree: Path | None = None,
+) -> object:
+    """The YAML value in the regular file at ``path`` (read by opcollect.inputs: no FIFO, size bound)."""
+    data = read_bytes(path, what, fix, limit=limit, tree=tree)
     try:
-        text = Path(path).read_bytes().decode()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+        text = data.decode()
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: {not_utf8(exc)}; save it as UTF-8 text") from None
     try:
@@ -33,11 +45,8 @@ def read_yaml(path: Path) -> object:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{path}:{where} invalid YAML: {problem}") from None
-
-
-def not_utf8(exc: UnicodeDecodeError) -> str:
-    """What is wrong with bytes that are not UTF-8: the first bad byte and its offset."""
-    return f"not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    except RecursionError:  # only the pure-Python loader recurses
+        raise InputError(f"{path}: YAML nested too deeply; {fix}") from None
 
 
 def _path(loc: tuple) -> str:

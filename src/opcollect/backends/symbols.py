@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opcollect.errors import InputError
+from opcollect.inputs import MIB, parse_python, read_bytes
+
+MAX_SOURCE_BYTES = 64 * MIB  # the largest module of a pinned framework is ~1 MB
+_SOURCE_FIX = "give the pinned release's unpacked sources or its wheel"
 
 # the top-level packages each framework backend imports from
 FRAMEWORK_PACKAGES = {"vllm": ("vllm",), "sglang": ("sglang", "sgl_kernel"), "trtllm": ("tensorrt_llm",)}
@@ -72,8 +76,9 @@ class Release:
                 except zipfile.BadZipFile:
                     raise InputError(f"{path}: not a wheel (bad zip); download it again with pip download") from None
             elif path.is_dir():
-                for file in path.rglob("*.py"):
-                    self.files[file.relative_to(path).as_posix()] = file.read_text("utf-8", "replace")
+                for file in path.rglob("*.py"):  # a FIFO or a link out of the directory: one line, exit 2
+                    data = read_bytes(file, "Python source", _SOURCE_FIX, limit=MAX_SOURCE_BYTES, tree=path)
+                    self.files[file.relative_to(path).as_posix()] = data.decode("utf-8", "replace")
             else:
                 raise InputError(f"{path}: neither a .whl file nor a source directory; give the pinned release")
         self._trees: dict[str, ast.Module | None] = {}
@@ -96,7 +101,7 @@ class Release:
             file = self.module_file(module)
             try:
                 self._trees[module] = None if file is None else ast.parse(self.files[file])
-            except SyntaxError:
+            except (SyntaxError, RecursionError, MemoryError):  # not Python this interpreter parses: unread
                 self._trees[module] = None
         return self._trees[module]
 
@@ -235,7 +240,7 @@ def runner_uses(backend_dir: Path, packages: tuple[str, ...], root: Path) -> lis
     """Every framework symbol the runner files under ``backend_dir`` use, with the keywords of its calls."""
     uses: list[Use] = []
     for path in sorted(Path(backend_dir).rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_python(path, "runner source", "restore it from the checkout", limit=MAX_SOURCE_BYTES)
         rel = path.relative_to(root).as_posix()
         bound: dict[str, tuple[str, str | None]] = {}  # local name -> (module, name)
         for node in ast.walk(tree):

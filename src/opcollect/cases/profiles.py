@@ -10,7 +10,6 @@ model give the same shapes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Mapping, NamedTuple
@@ -18,8 +17,9 @@ from typing import Annotated, Mapping, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from opcollect.errors import InputError
+from opcollect.inputs import MIB, read_json
 from opcollect.runtime.planfile import MAX_DIM
-from opcollect.yamlio import describe_validation_error, not_utf8
+from opcollect.yamlio import describe_validation_error
 
 # a size or count of a config.json: an int (strict: never a float or a bool) up to the bound a plan file holds
 PosInt = Annotated[int, Field(strict=True, gt=0, le=MAX_DIM)]
@@ -417,16 +417,12 @@ def _name_of(path: Path, data: dict) -> str:
     return path.parent.name if path.stem == "config" else path.stem
 
 
+MAX_CONFIG_BYTES = 16 * MIB  # a config.json is a few KB
+
+
 def read_hf_config(path: Path) -> ModelSpec:
     """A Hugging Face config.json from disk, reduced to the keys shapes are derived from."""
-    try:
-        data = json.loads(Path(path).read_bytes())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read model config ({exc.strerror}); check the path") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: {not_utf8(exc)}; a config.json is UTF-8 JSON, save it as such") from None
+    data = read_json(path, "model config", "give a Hugging Face config.json (UTF-8 JSON)", limit=MAX_CONFIG_BYTES)
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model config is a JSON object, not {type(data).__name__}; give a config.json")
     archs = data.get("architectures")

@@ -1,7 +1,7 @@
 """RUN_ROOT/slurm.json, what `collect --slurm` submitted: the shard count and every submission's job IDs and tasks.
 
-It is read back by `status` and `collect --slurm --resume`, so it is read as input from outside: a regular file
-(no FIFO, device, directory or symlink), at most MAX_BYTES, UTF-8 JSON of bounded nesting, every field typed;
+It is read back by `status` and `collect --slurm --resume`, so it is read as input from outside, by
+opcollect.inputs (a regular file of at most MAX_BYTES, UTF-8 JSON of bounded nesting), every field typed;
 anything else is one line (InputError) naming the file and what is wrong with it.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
+from opcollect.inputs import MIB, read_json
 
 RECORD = "slurm.json"
-MAX_BYTES = 16 * 1024 * 1024  # 1000 shards resubmitted many times stay far below this
+MAX_BYTES = 16 * MIB  # 1000 shards resubmitted many times stay far below this
 MAX_SHARDS = 1000  # as SlurmOptions allows
 JOB = re.compile(r"[0-9]{1,20}", re.ASCII)  # sbatch --parsable's job ID (slurm.JOB_ID); it reaches sacct -j
 FIX = "give the run directory of `opcollect collect ... --slurm`, as that command wrote it"
@@ -45,44 +45,6 @@ class SlurmRecord:
             ],
             **({"tables": self.tables} if self.tables is not None else {}),
         }
-
-
-def read_bytes(path: Path, what: str, fix: str, limit: int = MAX_BYTES) -> bytes:
-    """A regular file's bytes, opened without following a symlink or blocking on a FIFO."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise InputError(f"{path.parent}: no {path.name}; {fix}") from None
-    except OSError as exc:
-        link = " (a symlink)" if os.path.islink(path) else ""
-        raise InputError(f"{path}: cannot read {what}{link}: {exc.strerror}; {fix}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path}: not a regular file; {fix}")
-        if info.st_size > limit:
-            raise InputError(f"{path}: {info.st_size} bytes, over the {limit} a {what} may hold; {fix}")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read {what}: {exc.strerror}; {fix}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise InputError(f"{path}: over the {limit} bytes a {what} may hold; {fix}")
-    return data
-
-
-def read_json(path: Path, what: str, fix: str) -> object:
-    data = read_bytes(path, what, fix)
-    try:
-        return json.loads(data.decode())
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); {fix}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: invalid JSON at line {exc.lineno} ({exc.msg}); {fix}") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply; {fix}") from None
 
 
 class _Bad(Exception):
@@ -139,7 +101,9 @@ def parse_record(path: Path, data: object) -> SlurmRecord:
 
 def read_record(root: Path) -> SlurmRecord:
     path = Path(root) / RECORD
-    return parse_record(path, read_json(path, "Slurm record", FIX))
+    if not os.path.lexists(path):
+        raise InputError(f"{root}: no {RECORD}; {FIX}")
+    return parse_record(path, read_json(path, "Slurm record", FIX, limit=MAX_BYTES, tree=root))
 
 
 def write_record(root: Path, record: SlurmRecord) -> None:

@@ -5,10 +5,33 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from opcollect.errors import InputError
 from opcollect.plans.ops import OPS
 from opcollect.plans.planfile import FORMAT, parse_plan, read_plan_json
+from opcollect.yamlio import validate
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class SummaryOp(BaseModel):
+    """One op of a `plan --json` summary, as much of it as plan-diff reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    cases: Count
+    by_dtype: dict[str, Count]
+    by_dispatch: dict[str, Count]
+
+
+class Summary(BaseModel):
+    """A `plan --json` summary: typed, so a crafted one is one line naming its field, not a traceback."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    plan_hash: str
+    ops: dict[Literal[tuple(OPS)], SummaryOp]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -49,9 +72,8 @@ def _load(path: Path) -> dict[str, OpView]:
             )
         return views
     if isinstance(data, dict) and "ops" in data and "plan_hash" in data:
-        return {
-            name: OpView(info["cases"], info["by_dtype"], info["by_dispatch"]) for name, info in data["ops"].items()
-        }
+        summary = validate(str(path), data, Summary)
+        return {name: OpView(op.cases, op.by_dtype, op.by_dispatch) for name, op in summary.ops.items()}
     raise InputError(f"{path}: neither a plan file (`plan -o`) nor a one-pair summary (`plan --json`)")
 
 

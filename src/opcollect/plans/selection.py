@@ -8,11 +8,13 @@ it does not cover, or a choice vLLM makes per batch or in compiled code). Pure Y
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from opcollect.errors import InputError
+from opcollect.yamlio import read_yaml
 
 SELECTION = Path(__file__).resolve().parents[3] / "cases" / "selection"
 VLLM = "vllm-0.24.0.yaml"
@@ -22,9 +24,11 @@ VLLM = "vllm-0.24.0.yaml"
 def table(name: str = VLLM) -> dict[str, Any]:
     """The file's per-SM answers keyed by SM string; empty when the file is absent (an installed wheel)."""
     path = SELECTION / name
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "selection table", "restore it from the checkout") or {}
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a selection table (a YAML mapping); restore it from the checkout")
     return {str(sm): answers for sm, answers in (data.get("sm") or {}).items()}
 
 

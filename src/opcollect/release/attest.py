@@ -20,6 +20,7 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://opcollect.dev/release/v1"
 PROVENANCE = ".opcollect/provenance.yaml"
+_TREE_FIX = "restore the tree from a backup, or merge the runs into a new TABLES"
 
 
 def provenance_facts(tables: Path) -> dict:
@@ -28,7 +29,7 @@ def provenance_facts(tables: Path) -> dict:
     for rel in listed_files(tables):
         if not rel.endswith(PROVENANCE):
             continue
-        record = read_yaml(tables / rel)
+        record = read_yaml(tables / rel, "provenance record", _TREE_FIX, tree=tables)
         for table in record.get("tables", {}).values():
             collectors.add(table["collector_hash"])
             refs.add(table["collector_ref"])
@@ -49,7 +50,7 @@ def provenance_facts(tables: Path) -> dict:
 def statement(tables: Path, artifacts: list[Path], version: str, epoch: int, pins: dict, builder: str) -> dict:
     subjects = [{"name": a.name, "digest": {"sha256": sha256_file(a)}} for a in artifacts]
     subjects += [
-        {"name": f"tables/{rel}", "digest": {"sha256": sha256_file(tables / rel)}}  # never through a link
+        {"name": f"tables/{rel}", "digest": {"sha256": sha256_file(tables / rel, tables)}}  # never through a link
         for rel in [*listed_files(tables), MANIFEST]
     ]
     facts = provenance_facts(tables)

@@ -56,6 +56,9 @@ class Built:
     epoch: int
 
 
+_TREE_FIX = "restore the tree from a backup, or merge the runs into a new TABLES"
+
+
 def check_version(version: str) -> str:
     if not VERSION.match(version):
         raise InputError(f"--version {version!r}: not a release version; give e.g. 2026.12.1 or 1.0.0")
@@ -64,7 +67,11 @@ def check_version(version: str) -> str:
 
 def sidecars(tables: Path) -> dict[str, dict]:
     """Every collection_meta.yaml under TABLES, parsed, keyed by its path relative to TABLES."""
-    return {rel: read_yaml(tables / rel) for rel in listed_files(tables) if PurePosixPath(rel).name == SIDECAR}
+    return {
+        rel: read_yaml(tables / rel, "sidecar", _TREE_FIX, tree=tables)
+        for rel in listed_files(tables)
+        if PurePosixPath(rel).name == SIDECAR
+    }
 
 
 def newest_collection(metas: dict[str, dict]) -> int:
@@ -121,8 +128,8 @@ def package_files(tables: Path, version: str) -> tuple[dict[str, bytes], list[st
     metas = sidecars(tables)
     frameworks = sorted({meta["runtime"]["framework"] for meta in metas.values()})
     files: dict[str, bytes] = {}
-    for rel in [*listed_files(tables), MANIFEST]:
-        files[f"{PACKAGE}/data/{rel}"] = read_tree_file(tables / rel)  # a regular file of the tree, never a link
+    for rel in [*listed_files(tables), MANIFEST]:  # regular files of the tree, never through a link
+        files[f"{PACKAGE}/data/{rel}"] = read_tree_file(tables / rel, tables)
     files[f"{PACKAGE}/index.json"] = json.dumps(index(tables, metas), indent=1, sort_keys=True).encode()
     notices = "\n".join(f"- {LICENSES.get(f, f)}" for f in frameworks)
     files[f"{PACKAGE}/THIRD_PARTY_NOTICES"] = NOTICES.format(frameworks=notices).encode()

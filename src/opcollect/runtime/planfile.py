@@ -9,7 +9,6 @@ fields; plans/planfile.py writes the file and holds its ops to the planner's.
 
 from __future__ import annotations
 
-import json
 from collections import namedtuple
 from dataclasses import dataclass
 from functools import cache
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from opcollect.errors import InputError
+from opcollect.inputs import MIB, NotJson, read_json
 from opcollect.names import BACKENDS, SMS
 from opcollect.plans.hashes import canonical_lines, content_hash, plan_hash, plan_header
 
@@ -54,6 +54,8 @@ TEXT_FIELDS = frozenset(
 ZERO_FIELDS = frozenset({"step", "window_size"})
 # the largest count or size a case (or a model config) may hold: far above any model, far below what overflows
 MAX_DIM = 2**40
+MAX_PLAN_BYTES = 1024 * MIB  # every op of every model on one SM plans a few MB
+PLAN_FIX = "write one with `opcollect plan -o`"
 MAX_TEXT = 128
 
 
@@ -121,15 +123,13 @@ class PlanFile:
         return None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}"
 
 
-def read_plan_json(path: Path) -> dict:
+def read_plan_json(path: Path, tree: Path | None = None) -> object:
+    """The JSON of a plan file, read by opcollect.inputs (a regular file of at most MAX_PLAN_BYTES, of bounded
+    nesting); ``tree`` is the run directory that holds it, if one does."""
     try:
-        data = json.loads(Path(path).read_bytes())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read plan ({exc.strerror}); write one with `opcollect plan -o`") from None
-    except ValueError as exc:  # invalid JSON or not UTF-8
-        where = f" (invalid JSON at line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise InputError(f"{path}: not a plan file{where}; write one with `opcollect plan -o`") from None
-    return data
+        return read_json(path, "plan", PLAN_FIX, limit=MAX_PLAN_BYTES, tree=tree)
+    except NotJson as exc:
+        raise InputError(f"{path}: not a plan file ({exc.detail}); {PLAN_FIX}") from None
 
 
 class Broken(Exception):
@@ -267,4 +267,9 @@ def parse_plan(path: Path, data: dict, typed: bool = True) -> PlanFile:
 
 
 def read_plan(path: Path) -> PlanFile:
-    return parse_plan(path, read_plan_json(path))
+    """The plan `run --plan PATH` names; a file that cannot be read as one names the flag."""
+    try:
+        data = read_plan_json(path)
+    except InputError as exc:
+        raise InputError(f"--plan {exc}") from None
+    return parse_plan(path, data)

@@ -28,10 +28,13 @@ from pathlib import Path
 
 from opcollect.errors import InputError
 from opcollect.files import check_name, write_atomic
-from opcollect.runtime.planfile import PlanFile, parse_plan
+from opcollect.inputs import MIB, NotJson, parse_json, read_bytes, read_json
+from opcollect.runtime.planfile import MAX_PLAN_BYTES, PLAN_FIX, PlanFile, parse_plan
 from opcollect.runtime.shards import read_shard, shard_paths
 
 LOCK = "run.lock"
+MAX_IDENTITY_BYTES = 16 * MIB  # run.json is one small object
+_DAMAGED = "the run directory is damaged, collect into a new --out"
 
 
 class RunLock:
@@ -117,14 +120,12 @@ def identity_of(plan: PlanFile) -> dict:
 def read_identity(run_dir: Path) -> dict:
     """RUN_DIR/run.json, checked to be one; InputError for a damaged or foreign file."""
     path = Path(run_dir) / "run.json"
+    if not os.path.lexists(path):
+        raise InputError(f"{run_dir}: not a run directory (no run.json); give the --out of `opcollect run`")
     try:
-        identity = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise InputError(f"{run_dir}: not a run directory (no run.json); give the --out of `opcollect run`") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except ValueError:
-        raise InputError(f"{path}: not valid JSON; the run directory is damaged, collect into a new --out") from None
+        identity = read_json(path, "run identity", _DAMAGED, limit=MAX_IDENTITY_BYTES, tree=run_dir)
+    except NotJson as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.reason}); {_DAMAGED}") from None
     missing = (
         [k for k in ("plan_hash", "content_hash", "collector_hash", "backend", "sm") if k not in identity]
         if (isinstance(identity, dict))
@@ -188,10 +189,11 @@ def plan_bytes(plan_path: Path, plan: PlanFile) -> bytes:
             f"--plan {plan_path}: not a regular file (a pipe or device), so the run directory cannot keep it; "
             "save the plan as a file (`opcollect plan -o p.json`) and give that"
         )
-    data = Path(plan_path).read_bytes()
+    data = read_bytes(plan_path, "plan", PLAN_FIX, limit=MAX_PLAN_BYTES)
     try:
-        same = parse_plan(plan_path, json.loads(data), typed=False).content_hash == plan.content_hash
-    except (ValueError, RecursionError, InputError):
+        same = parse_plan(plan_path, parse_json(data, str(plan_path), PLAN_FIX), typed=False).content_hash
+        same = same == plan.content_hash
+    except InputError:
         same = False
     if not same:
         raise InputError(f"--plan {plan_path}: changed while the run started; give a plan file nobody is writing")

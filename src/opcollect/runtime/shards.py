@@ -18,7 +18,12 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from opcollect.inputs import MIB, NotJson, parse_json
+from opcollect.inputs import read_lines as read_lines_of
+
 FSYNC_EVERY = 64
+MAX_SHARD_BYTES = 4 * 1024 * MIB  # a worker's records of a whole plan stay far below this
+SHARD_FIX = "remove it from the run directory's shards/, or collect into a new --out"
 
 
 class ShardWriter:
@@ -49,17 +54,19 @@ class ShardWriter:
 
 
 def read_lines(path: Path) -> Iterator[dict]:
-    """Complete lines of one shard, both kinds, in write order; a torn or corrupt line is skipped."""
-    with open(path, "rb") as handle:
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                return  # torn tail: the process died mid-write
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
+    """Complete lines of one shard, both kinds, in write order; a torn or corrupt line (not JSON, not UTF-8,
+    nested too deeply) is skipped. The shard is read by opcollect.inputs, line by line: a regular file of
+    RUN_DIR (a FIFO or a link planted in shards/ is one line, exit 2) of at most MAX_SHARD_BYTES."""
+    path = Path(path)
+    for raw in read_lines_of(path, "shard", SHARD_FIX, limit=MAX_SHARD_BYTES, tree=path.parent.parent):
+        if not raw.endswith(b"\n"):
+            return  # torn tail: the process died mid-write
+        try:
+            record = parse_json(raw, str(path), SHARD_FIX)
+        except NotJson:
+            continue
+        if isinstance(record, dict):
+            yield record
 
 
 def read_shard(path: Path) -> Iterator[dict]:

@@ -6,7 +6,7 @@ shard with a corrupt line inside falls back to the line-by-line reader, which sk
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -17,13 +17,16 @@ import pyarrow.json as pajson
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from opcollect.errors import InputError
+from opcollect.inputs import MIB, NotJson, open_regular, read_json
+from opcollect.inputs import read_lines as read_lines_of
 from opcollect.plans.planfile import parse_plan, read_plan_json
 from opcollect.runtime.rundir import read_identity
-from opcollect.runtime.shards import read_lines, shard_paths
+from opcollect.runtime.shards import MAX_SHARD_BYTES, SHARD_FIX, read_lines, shard_paths
 from opcollect.tables.schema import MEASURED, schema_for_op
 from opcollect.tables.values import Timestamp, any_fault, record_faults, tally
 from opcollect.yamlio import describe_validation_error
 
+MAX_EVENT_BYTES = 16 * MIB  # an event is one JSON object of a few hundred bytes
 # the measured columns of every perf table, as a record's stats carry them, plus the SM clock
 STATS = pa.struct([(name, kind) for name, kind in MEASURED if name != "case_id"] + [("sm_clock_mhz", pa.float64())])
 RUNTIME_FIELDS = (
@@ -78,32 +81,32 @@ class RunData:
     refused: tuple[tuple[str, int], ...] = ()  # (value rule, records that break it) among the garbage lines
 
 
-def _intact(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        handle.seek(0, 2)
-        if handle.tell() == 0:
-            return True
-        handle.seek(-1, 2)
-        return handle.read(1) == b"\n"
-
-
 def _parse_shard(path: Path) -> tuple[pa.Table, int]:
-    """The shard's lines, and how many complete lines were garbage (not a JSON object)."""
+    """The shard's lines, and how many complete lines were garbage (not a JSON object). It is read by
+    opcollect.inputs: a regular file of its run directory (a FIFO or link in shards/ is one line, exit 2)."""
     options = pajson.ParseOptions(explicit_schema=RECORD, unexpected_field_behavior="ignore")
-    if path.stat().st_size == 0:
-        return RECORD.empty_table(), 0
-    try:
-        if _intact(path):  # Arrow reads the file itself: no second copy in Python memory
-            return pajson.read_json(path, parse_options=options), 0
-        data = path.read_bytes()
-        end = data.rfind(b"\n") + 1  # a torn tail is a record that was never written
-        return (pajson.read_json(pa.py_buffer(data[:end]), parse_options=options) if end else RECORD.empty_table()), 0
-    except pa.ArrowInvalid:
-        rows = list(read_lines(path))
-        with open(path, "rb") as handle:
-            complete = sum(1 for raw in handle if raw.endswith(b"\n"))
-        table = _records_of(rows)
-        return table, complete - table.num_rows
+    run_dir = path.parent.parent
+    with open_regular(path, "shard", SHARD_FIX, limit=MAX_SHARD_BYTES, tree=run_dir) as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return RECORD.empty_table(), 0
+        handle.seek(-1, os.SEEK_END)
+        intact = handle.read(1) == b"\n"
+        handle.seek(0)
+        try:
+            if intact:  # Arrow reads the file itself: no second copy in Python memory
+                return pajson.read_json(handle, parse_options=options), 0
+            data = handle.read()
+            end = data.rfind(b"\n") + 1  # a torn tail is a record that was never written
+            table = pajson.read_json(pa.py_buffer(data[:end]), parse_options=options) if end else RECORD.empty_table()
+            return table, 0
+        except pa.ArrowInvalid:
+            pass
+    rows = list(read_lines(path))
+    complete = sum(
+        1 for raw in read_lines_of(path, "shard", SHARD_FIX, limit=MAX_SHARD_BYTES, tree=run_dir) if raw.endswith(b"\n")
+    )
+    table = _records_of(rows)
+    return table, complete - table.num_rows
 
 
 def _records_of(rows: list[dict]) -> pa.Table:
@@ -145,7 +148,7 @@ def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
     identity = read_identity(run_dir)
     plan_path = run_dir / "plan.json"
-    plan = read_plan_json(plan_path)
+    plan = read_plan_json(plan_path, tree=run_dir)
     verified = parse_plan(plan_path, plan, typed=False)  # IDs re-derived, hashes recomputed
     held = (identity["content_hash"], identity["backend"], identity["collector_hash"])
     if held != (verified.content_hash, verified.backend, verified.collector_hash):
@@ -208,12 +211,11 @@ class RunEvent(BaseModel):
 
 
 def _read_event(path: Path) -> dict:
+    fix = "delete that event file or collect into a new --out"
     try:
-        event = json.loads(path.read_bytes())
-    except ValueError:
-        raise InputError(f"{path}: not valid JSON; delete that event file or collect into a new --out") from None
-    except RecursionError:
-        raise InputError(f"{path}: nested too deeply for a run event; delete that event file") from None
+        event = read_json(path, "run event", fix, limit=MAX_EVENT_BYTES, tree=path.parent.parent)
+    except NotJson as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.reason}); {fix}") from None
     if not isinstance(event, dict):
         raise InputError(f"{path}: not a run event (a JSON object); delete it or re-collect")
     try:

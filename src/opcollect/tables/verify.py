@@ -7,9 +7,7 @@ it to write the manifest of a merge and to refuse a merge target that does not v
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -20,47 +18,34 @@ from pydantic import Field
 
 from opcollect.cases.grids import Frozen
 from opcollect.errors import InputError
+from opcollect.inputs import MIB, kind_of, open_regular, read_bytes, read_json
 from opcollect.tables import provenance as pv
 from opcollect.tables.schema import table_files
-from opcollect.yamlio import not_utf8, validate
+from opcollect.yamlio import validate
 
 MANIFEST = "manifest.json"
 _MANIFEST_FIX = "restore it from a backup, or merge the runs into a new TABLES"
 
 
 _FOREIGN_FIX = "remove it, or restore the tree from a backup"
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+MAX_FILE = 64 * 1024 * MIB  # a table file: far above any table, a bound on what a planted file makes us hash
+MAX_MANIFEST = 64 * MIB
 
 
-def _open_regular(path: Path) -> int:
-    """A descriptor of the regular file at ``path``; a symbolic link (ELOOP) or a special file is refused
-    without following or blocking on it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise InputError(f"{path}: a symbolic link, not a file merge wrote; {_FOREIGN_FIX}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise InputError(f"{path}: {kind}, not a file merge wrote; {_FOREIGN_FIX}")
-    return fd
-
-
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, tree: Path | None = None) -> str:
+    """The sha256 of the regular file ``path`` of ``tree`` (its directory if not given), read by opcollect.inputs:
+    never through a link, never from a FIFO (a special file or link is an InputError)."""
     digest = hashlib.sha256()
-    with os.fdopen(_open_regular(path), "rb") as handle:
+    tree = Path(path).parent if tree is None else tree
+    with open_regular(path, "file merge wrote", _FOREIGN_FIX, limit=MAX_FILE, tree=tree) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def read_tree_file(path: Path) -> bytes:
-    """The bytes of a regular file of TABLES, never through a link or from a FIFO."""
-    with os.fdopen(_open_regular(path), "rb") as handle:
-        return handle.read()
+def read_tree_file(path: Path, tree: Path) -> bytes:
+    """The bytes of a regular file of TABLES ``tree``, never through a link or from a FIFO."""
+    return read_bytes(path, "file merge wrote", _FOREIGN_FIX, limit=MAX_FILE, tree=tree)
 
 
 @dataclass(frozen=True)
@@ -92,7 +77,7 @@ def list_tree(root: Path) -> Listing:
                 if rel != MANIFEST:
                     files.append(rel)
             elif not stat.S_ISDIR(mode):
-                special.append(f"{rel} ({_KINDS.get(stat.S_IFMT(mode), 'a special file')})")
+                special.append(f"{rel} ({kind_of(mode)})")
     return Listing(sorted(files), sorted(links), sorted(special))
 
 
@@ -114,14 +99,7 @@ class Manifest(Frozen):
 def read_manifest_files(root: Path) -> dict[str, ManifestEntry]:
     """TABLES/manifest.json's files, checked to be a manifest; InputError naming what is wrong in it."""
     path = Path(root) / MANIFEST
-    try:
-        data = json.loads(read_tree_file(path))
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply to be a manifest; {_MANIFEST_FIX}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}; {_MANIFEST_FIX}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: {not_utf8(exc)}; {_MANIFEST_FIX}") from None
+    data = read_json(path, "manifest", _MANIFEST_FIX, limit=MAX_MANIFEST, tree=root)
     try:
         return validate(str(path), data, Manifest).files
     except InputError as exc:
@@ -178,7 +156,7 @@ def verify_tables(root: Path) -> VerifyReport:
             continue  # reported as a link or a special file
         if rel not in present:
             report.missing.append(rel)
-        elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
+        elif path.stat().st_size != entry.size or sha256_file(path, root) != entry.sha256:
             report.modified.append(rel)
     for rel in listing.files:
         if not (rel == pv.PROVENANCE or rel.endswith(f"/{pv.PROVENANCE}")):
@@ -192,6 +170,6 @@ def verify_tables(root: Path) -> VerifyReport:
         for name, entry in record.tables.items():
             perf = directory / table_files(name)[0]
             rel_perf = perf.relative_to(root).as_posix()
-            if rel_perf in present and sha256_file(perf) != entry.file_sha256:
+            if rel_perf in present and sha256_file(perf, root) != entry.file_sha256:
                 report.sidecar.append(rel_perf)
     return report
