@@ -143,12 +143,7 @@ CASES_WITH_A_FIFO = [
     Case("release-manifest", RELEASE, IN_TABLES + "manifest.json", needle="manifest"),
     Case("status-slurm-json", lambda p: (p.fifo(p.tmp / "slurm.json"), "status", p.tmp)[1:]),
     Case("contract-source", lambda p: ("contract", "vllm", "--source", _source_tree(p))),
-    pytest.param(
-        Case("compare-table", lambda p: ("compare", p.tables, p.tables), IN_TABLES + DIR + "/gemm_perf.parquet"),
-        marks=pytest.mark.xfail(
-            strict=True, reason="tables/schema.py read_parquet and compare's read_schema do not use opcollect.inputs"
-        ),
-    ),
+    Case("compare-table", lambda p: ("compare", p.tables, p.tables), IN_TABLES + DIR + "/gemm_perf.parquet"),
 ]
 
 

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
-from opcollect.tables.schema import TableSchema, read_parquet, schemas
+from opcollect.tables.schema import TableSchema, read_parquet, read_parquet_schema, schemas
 from opcollect.tables.values import measured_faults
 
 STEP_TOLERANCE = 0.05  # a latency that drops by more than this along the sweep axis is non-monotonic
@@ -59,10 +58,7 @@ def _resolve(path: Path, op: str | None, like: Path | None = None) -> tuple[Path
             )
         raise InputError(f"{path}: {len(matches)} tables match; pick one with --op (found: {found})")
     found, schema = matches[0]
-    try:
-        names = pq.read_schema(found).names
-    except (pa.ArrowException, OSError):
-        return found, schema  # reading the table says what is wrong with it
+    names = read_parquet_schema(found).names
     return found, schema.for_columns(names)  # e.g. TRT-LLM's own column names
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from opcollect.errors import InputError
+from opcollect.inputs import open_regular
 from opcollect.plans.base import OpPlan
 from opcollect.plans.ops import OPS
 
@@ -142,15 +143,26 @@ def table_files(table: str) -> tuple[str, str, str]:
     return f"{table}.parquet", f"{EXTRAS}/{stem}_failures.parquet", f"{EXTRAS}/{stem}_plan.parquet"
 
 
+MAX_TABLE = 64 * 2**30  # bytes of one table file: far above any table, a bound on what a planted file makes us read
+_TABLE_FIX = "restore it from a backup, or merge the runs into a new TABLES"
+
+
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """A stored table (``columns`` of it); InputError naming the file when it is no readable parquet file."""
+    """A stored table (``columns`` of it), read through the one reader (a regular file, never a FIFO); InputError
+    naming the file when it is no readable parquet file."""
+    return _parquet(path, lambda handle: pq.read_table(handle, columns=columns))
+
+
+def read_parquet_schema(path: Path) -> pa.Schema:
+    return _parquet(path, pq.read_schema)
+
+
+def _parquet(path: Path, read):
     try:
-        return pq.read_table(path, columns=columns)
+        with open_regular(path, "parquet table", _TABLE_FIX, limit=MAX_TABLE) as handle:
+            return read(handle)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno is not None:
             raise  # the file system's error (missing, unreadable): the CLI names the path
         reason = str(exc).splitlines()[0][:200]
-        raise InputError(
-            f"{path}: not a readable parquet table ({reason}); restore it from a backup, or merge the runs "
-            "into a new TABLES"
-        ) from None
+        raise InputError(f"{path}: not a readable parquet table ({reason}); {_TABLE_FIX}") from None
