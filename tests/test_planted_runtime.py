@@ -9,7 +9,7 @@ import pytest
 from conftest import gemm_plan
 
 from opcollect.plans.planfile import read_plan
-from opcollect.runtime.contract import KernelLimit
+from opcollect.runtime.contract import KernelLimit, Measured
 from opcollect.runtime.failures import classify
 from opcollect.runtime.harness import Sampled, TimingConfig, sample_until_stable, summarize
 from opcollect.runtime.run import _tasks
@@ -143,9 +143,7 @@ def _backend(raises=None, free=2**30, need=1):
     def measure(op, dispatch, cases, device, config):
         if raises is not None:
             raise raises
-        return [SimpleNamespace(stats=summarize(Sampled([1e-3], 1e-3, 0.0, 0), "cpu", 1), kernel_source="k")] * len(
-            cases
-        )
+        return [Measured(summarize(Sampled([1e-3], 1e-3, 0.0, 0), "cpu", 1), "k")] * len(cases)
 
     return SimpleNamespace(measure=measure, free_memory=lambda device: free, footprint=lambda op, case: need)
 
