@@ -255,8 +255,8 @@ MUTANTS: list[Mutant] = [
     m(
         "corrupt-shard-line-ends-the-read",
         "runtime/shards.py",
-        "            except ValueError:\n                continue\n",
-        "            except ValueError:\n                return\n",
+        "        except NotJson:\n            continue\n",
+        "        except NotJson:\n            return\n",
         f"{RUNTIME}::test_a_corrupt_line_inside_a_shard_is_skipped_not_the_rest",
     ),
     m(

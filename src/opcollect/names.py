@@ -20,6 +20,19 @@ FRAMEWORK_NAMES = {"torch": "Torch", "vllm": "VLLM", "sglang": "SGLang", "trtllm
 _TABLE_FRAMEWORK_NAMES = {("vllm", "custom_allreduce_perf"): "vLLM"}
 
 
+# SGLang's --moe-runner-backend values as the reference labels their MoE rows (collector/sglang/collect_moe.py:
+# 598-604): what the planner predicts and what the SGLang runner reports and installs
+SGLANG_MOE_LABELS = {
+    "triton": "sglang_fused_moe_triton",
+    "triton_kernel": "sglang_triton_kernel_moe",
+    "marlin": "sglang_marlin_moe",
+    "flashinfer_trtllm": "sglang_flashinfer_trtllm_moe",
+    "flashinfer_cutlass": "sglang_flashinfer_cutlass_moe",
+    "flashinfer_mxfp4": "sglang_flashinfer_trtllm_moe",
+    "deep_gemm": "sglang_deepgemm_moe",
+}
+
+
 def framework_name(backend: str, table: str) -> str:
     """The `framework` column of ``backend``'s rows in ``table``, as the reference writes it."""
     return _TABLE_FRAMEWORK_NAMES.get((backend, table), FRAMEWORK_NAMES.get(backend, backend))

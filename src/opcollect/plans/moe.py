@@ -7,6 +7,7 @@ from typing import Mapping, NamedTuple
 
 from opcollect.cases.grids import MoeGrid
 from opcollect.cases.profiles import ModelShapes
+from opcollect.names import SGLANG_MOE_LABELS
 from opcollect.plans import selection, selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 from opcollect.plans.gemm import model_origins
@@ -215,16 +216,6 @@ def _nemotron_h(case: MoeCase) -> bool:
 
 _DEEPSEEK_HIDDEN = 7168  # DeepSeek-V3 and Kimi-K2.5: SGLang forces flashinfer_trtllm for them on SM100
 
-# --moe-runner-backend values as the reference labels their rows (backends/sglang/moe.py LABELS)
-_RUNNER_LABELS = {
-    "triton": "sglang_fused_moe_triton",
-    "triton_kernel": "sglang_triton_kernel_moe",
-    "marlin": "sglang_marlin_moe",
-    "flashinfer_trtllm": "sglang_flashinfer_trtllm_moe",
-    "flashinfer_cutlass": "sglang_flashinfer_cutlass_moe",
-    "flashinfer_mxfp4": "sglang_flashinfer_trtllm_moe",
-    "deep_gemm": "sglang_deepgemm_moe",
-}
 _SGLANG_DTYPES = ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", "nvfp4", "int4_wo")
 
 
@@ -238,7 +229,7 @@ def _sglang_case(sm: str, dispatch: str, case: MoeCase) -> str:
     # installed, which the file evaluates (its environment: the image's packages).
     chosen = selection_sglang.moe_runner_backend(sm, shape, dispatch, case.moe_ep_size)
     if chosen is not None and chosen != "auto":
-        return _RUNNER_LABELS.get(chosen, f"sglang_{chosen}_moe")
+        return SGLANG_MOE_LABELS.get(chosen, f"sglang_{chosen}_moe")
     auto = _sglang_auto(sm, dispatch) if dispatch in _SGLANG_DTYPES else dispatch
     if chosen == "auto":
         if auto not in ("bfloat16", "fp8", "fp8_block", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"):

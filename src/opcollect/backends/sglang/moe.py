@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opcollect.names import SGLANG_MOE_LABELS
 from opcollect.runtime.contract import KernelLimit, Prepared
 
 BLOCK = 128
@@ -32,15 +33,7 @@ NEMOTRON_H = {(2688, 1856, 128, 6), (2048, 5120, 512, 22), (8192, 5120, 512, 22)
 # bits per weight element and bytes of scale per element, per dtype (the packed layouts' storage)
 STORAGE = {"bfloat16": (16, 0.0), "fp8": (8, 0.0), "fp8_block": (8, 4 / BLOCK**2), "int4_wo": (4, 2 / INT4_GROUP),
            "w4a16_mxfp4": (4, 1 / MXFP4_BLOCK), "nvfp4": (4, 1 / NVFP4_GROUP)}  # fmt: skip
-LABELS = {
-    "triton": "sglang_fused_moe_triton",
-    "triton_kernel": "sglang_triton_kernel_moe",
-    "marlin": "sglang_marlin_moe",
-    "flashinfer_trtllm": "sglang_flashinfer_trtllm_moe",
-    "flashinfer_cutlass": "sglang_flashinfer_cutlass_moe",
-    "flashinfer_mxfp4": "sglang_flashinfer_trtllm_moe",
-    "deep_gemm": "sglang_deepgemm_moe",
-}  # fmt: skip  (the reference's names: collect_moe.py:598-604)
+LABELS = SGLANG_MOE_LABELS
 
 
 @dataclass(frozen=True)
