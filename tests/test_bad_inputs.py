@@ -707,6 +707,11 @@ ROWS = [
         ("contract", "trtllm"),
         "contract trtllm: checked nothing: give the pinned release with --wheel PATH, --source DIR or --image",
     ),
+    Row(  # D17: a release that holds none of the framework's packages checks nothing: it must not pass
+        "contract-vllm-source-without-vllm",
+        ("contract", "vllm", "--source", "{tmp}"),
+        "contract vllm: checked nothing: ",
+    ),
     Row(
         "slurm-zero-shards",
         ("collect", "torch", "--slurm", "--sm", "cpu", "--shards", "0", "--out", "{tmp}/out"),

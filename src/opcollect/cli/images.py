@@ -107,6 +107,11 @@ def cmd_contract(args) -> int:
             releases.append(directory)
             shown.append(f"image {ref}")
         checked, misses, unchecked = contract(args.backend, releases, Path(__file__).resolve().parents[1] / "backends")
+    if checked == 0 and not misses:
+        raise InputError(
+            f"contract {args.backend}: checked nothing: {', '.join(shown)} holds no {', '.join(unchecked)}; give the "
+            "pinned release with --wheel PATH, --source DIR (the directory holding the package) or --image"
+        )
     for miss in misses:
         print(miss.render())
     left = f"; not checked: {', '.join(unchecked)} (no release of it given)" if unchecked else ""
