@@ -833,6 +833,19 @@ ROWS = [
         ),
         code=1,
     ),
+    Row(  # D27: release read the date and raised ValueError; a tree whose record holds one fails check first
+        "release-provenance-collected-at-not-a-date",
+        ("release", "--tables", "{tables}", "--out", "{tmp}/dist"),
+        "'not a date' is not an ISO 8601 time",
+        both(
+            replace(
+                "{tables}/" + DIR + "/.opcollect/provenance.yaml",
+                "collected_at: '2026-",
+                "collected_at: 'not a date' # '2026-",
+            ),
+            rehash(DIR + "/.opcollect/provenance.yaml"),
+        ),
+    ),
     Row(
         "check-a-file-the-consumer-takes-for-a-table",
         CHECK,
