@@ -2,9 +2,9 @@
 """Plant one small bug at a time in a copy of the project and check that the tests notice it.
 
 Each mutant is a source file under src/opcollect, an exact snippet in it, its replacement, a short name
-and the narrowest tests that should catch it. For each mutant the project's declared inputs (src, cases,
-systems, images, tests, pins.yaml, pyproject.toml, README.md) are copied into a temporary directory, the
-one replacement is applied there (the snippet must occur exactly once), and
+and the narrowest tests that should catch it. For each mutant the project's inputs (src, cases, systems,
+images, tests, scripts, bench, pins.yaml, pyproject.toml, README.md, noxfile.py) are copied into a temporary
+directory, the one replacement is applied there (the snippet must occur exactly once), and
 
     python -m pytest -x -q -p no:cacheprovider <tests>
 
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED_DIRS = ("src", "cases", "systems", "images", "tests")
-COPIED_FILES = ("pins.yaml", "pyproject.toml", "README.md")
+COPIED_DIRS = ("src", "cases", "systems", "images", "tests", "scripts", "bench")
+COPIED_FILES = ("pins.yaml", "pyproject.toml", "README.md", "noxfile.py")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".ruff_cache")
 
 PLANS = "tests/test_planted_plans.py"
