@@ -25,6 +25,7 @@ from opcollect.cluster.scripts import SlurmOptions
 from opcollect.errors import InputError
 from opcollect.plans.attention import generation_steps
 from opcollect.plans.comm import CommCase
+from opcollect.plans.diff import diff_plans
 from opcollect.plans.gemm import GemmCase
 from opcollect.plans.gemm import expand as gemm_expand
 from opcollect.plans.hashes import collector_hash
@@ -158,9 +159,14 @@ def test_plan_diff_of_summaries_counts_removed_cases(tmp_path):
     old.write_text(run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", "moe", "--json").stdout)
     new.write_text(run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", "moe", "--smoke", "--json").stdout)
     planned = {name: json.loads(p.read_text())["ops"]["moe"]["cases"] for name, p in (("old", old), ("new", new))}
+    fewer = planned["old"] - planned["new"]
+    assert fewer > 0
+    [moe] = diff_plans(old, new)
+    assert (moe.added, moe.removed) == (0, fewer)
+    [back] = diff_plans(new, old)
+    assert (back.added, back.removed) == (fewer, 0)
     done = run_cli("plan-diff", str(old), str(new))
-    assert done.returncode == 0
-    assert f"moe: +0 added, -{planned['old'] - planned['new']} removed" in done.stdout
+    assert done.returncode == 0 and f"moe: +0 added, -{fewer} removed" in done.stdout
 
 
 def test_an_excluded_n_k_pair_leaves_out_that_pair_only():
