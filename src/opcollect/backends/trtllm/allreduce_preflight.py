@@ -16,11 +16,14 @@ installed release keeps the code paths it relies on, which moved across the Tens
 from __future__ import annotations
 
 import ast
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from opcollect.backends.symbols import MAX_SOURCE_BYTES
+from opcollect.errors import InputError
+from opcollect.inputs import read_text
 from opcollect.runtime.contract import KernelLimit
+from opcollect.runtime.preflight import locate
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,11 @@ def problems(root: Path) -> list[str]:
         if not path.is_file():
             out.append(f"tensorrt_llm/{item.path}: missing ({item.why})")
             continue
-        source = path.read_text("utf-8", "replace")
+        try:
+            source = read_text(path, "TensorRT-LLM source", "run the pinned image", limit=MAX_SOURCE_BYTES)
+        except InputError as exc:  # not a regular file, too large, not UTF-8: the assumption cannot be read
+            out.append(str(exc))
+            continue
         node = _definition(ast.parse(source), item.where)
         if node is None:
             out.append(f"tensorrt_llm/{item.path}: no {item.where} ({item.why})")
@@ -95,11 +102,9 @@ def problems(root: Path) -> list[str]:
 
 
 def installed_root() -> Path | None:
-    """The installed tensorrt_llm package's directory, found without importing it."""
-    spec = importlib.util.find_spec("tensorrt_llm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    """The installed tensorrt_llm package's directory, located as the run's preflight locates it (never imported)."""
+    found = locate("tensorrt_llm")
+    return found[0] if found and found[0].is_dir() else None
 
 
 def check_installed(root: Path | None = None) -> None:
