@@ -20,7 +20,7 @@ from opcollect.cases.grids import Frozen
 from opcollect.errors import InputError
 from opcollect.inputs import MIB, kind_of, open_regular, read_bytes, read_json
 from opcollect.tables import provenance as pv
-from opcollect.tables.schema import table_files
+from opcollect.tables.schema import MAX_TABLE, table_files
 from opcollect.yamlio import validate
 
 MANIFEST = "manifest.json"
@@ -28,7 +28,7 @@ _MANIFEST_FIX = "restore it from a backup, or merge the runs into a new TABLES"
 
 
 _FOREIGN_FIX = "remove it, or restore the tree from a backup"
-MAX_FILE = 64 * 1024 * MIB  # a table file: far above any table, a bound on what a planted file makes us hash
+MAX_FILE = MAX_TABLE  # a file of TABLES: the bound a table has, on what a planted file makes us hash
 MAX_MANIFEST = 64 * MIB
 
 
