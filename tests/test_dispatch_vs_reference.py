@@ -23,6 +23,10 @@ FILES = {
     "mla_generation": "mla_slices/{b}/{v}/generation_mla_perf.parquet",
     "mla_context_module": "mla_slices/{b}/{v}/mla_context_module_perf.parquet",
     "mla_generation_module": "mla_slices/{b}/{v}/mla_generation_module_perf.parquet",
+    "encoder_attention": "encoder_attention_slices/{b}/{v}/encoder_attention_perf.parquet",
+    "compute_scale": "quant_bmm_tables/quantize/{b}/{v}/computescale_perf.parquet",
+    "scale_matrix": "quant_bmm_tables/quantize/{b}/{v}/scale_matrix_perf.parquet",
+    "mla_bmm": "quant_bmm_tables/mla_bmm/{b}/{v}/mla_bmm_perf.parquet",
     "comm": "aiconfigurator-h200/comm/nccl/2.29.2/nccl_perf.parquet",
 }
 VLLM_GEMM = "aiconfigurator-h200/gemm/vllm/0.24.0/gemm_perf.parquet"  # the same n == 4096 cut, older fixture

@@ -108,7 +108,7 @@ def test_missing_key_is_named(tmp_path):
 
 
 def test_every_profile_shape_is_in_the_sweeps(planner):
-    """Each model's per-rank GEMM, attention, MoE and MLA shapes appear among the planned cases."""
+    """Each model's per-rank GEMM, attention, MoE, MLA and vision-tower shapes appear among the planned cases."""
     plan = planner.plan("trtllm", "100")
     gemm = {(v[2], v[3]) for v in plan.ops["gemm"].values}
     heads = {
@@ -116,8 +116,10 @@ def test_every_profile_shape_is_in_the_sweeps(planner):
     }
     moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in cases_of(plan.ops["moe"])}
     mla = {c.num_heads for c in cases_of(plan.ops["mla_generation"])}  # heads per rank
+    encoder = {(c.num_heads, c.head_dim) for c in cases_of(plan.ops["encoder_attention"])}  # vision towers per rank
     for spec in planner.sources.models:
         shapes = derive_shapes(spec, [1, 2, 4, 8])
+        assert {tuple(s) for s in shapes.encoder} <= encoder, spec.name
         assert {tuple(s) for s in shapes.gemm} <= gemm, spec.name
         assert {tuple(s) for s in shapes.attention} <= heads, spec.name
         assert {tuple(s) for s in shapes.moe} <= moe, spec.name

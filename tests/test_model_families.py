@@ -272,11 +272,11 @@ def test_gpt_oss_layer_types(tp):
 def test_every_family_loads_known_and_lands_in_the_sweeps():
     """All configs at once: distinct names, no unknown-architecture note, every shape planned."""
     paths = sorted(CONFIGS.glob("*.json"))
-    assert len(paths) == 15
+    assert len(paths) == 16
     planner = Planner(find_project(), tuple(paths))
     given = [m for m in planner.sources.models if m.source.endswith(".json")]
     assert len({m.name for m in given}) == len(paths)
-    ops = ("gemm", "attention_context", "moe", "mla_generation")
+    ops = ("gemm", "attention_context", "moe", "mla_generation", "encoder_attention")
     plan = planner.plan("sglang", "90", PlanOptions(ops=ops))  # the kernel MLA table: vLLM times the module
     assert not any("unknown architecture" in note for note in plan.notes)
     assert "google/gemma-3-27b-it: Gemma3ForConditionalGeneration is planned from its text_config" in " ".join(
@@ -288,12 +288,15 @@ def test_every_family_loads_known_and_lands_in_the_sweeps():
     }
     moe = {(c.hidden_size, c.inter_size, c.topk, c.num_experts) for c in cases_of(plan.ops["moe"])}
     mla = {c.num_heads for c in cases_of(plan.ops["mla_generation"])}  # heads per rank
+    encoder = {(c.num_heads, c.head_dim) for c in cases_of(plan.ops["encoder_attention"])}  # vision towers
     for spec in given:
         s = derive_shapes(spec, list(TPS))
         assert {tuple(x) for x in s.gemm} <= gemm, spec.name
         assert {tuple(x) for x in s.attention} <= heads, spec.name
         assert {tuple(x) for x in s.moe} <= moe, spec.name
         assert {x.num_heads // tp for x in s.mla for tp in TPS} <= mla, spec.name
+        assert {tuple(x) for x in s.encoder} <= encoder, spec.name
+    assert any(derive_shapes(spec, list(TPS)).encoder for spec in given)  # the VL configs bring vision heads
 
 
 def _write(path: Path, config: dict) -> Path:

@@ -95,6 +95,8 @@ def test_table_writes_one_csv_per_op_with_key_columns(tmp_path):
         f"{op}.csv"
         for op in (
             "gemm",
+            "compute_scale",
+            "scale_matrix",
             "attention_context",
             "attention_generation",
             "moe",
@@ -102,6 +104,8 @@ def test_table_writes_one_csv_per_op_with_key_columns(tmp_path):
             "mla_generation",
             "mla_context_module",  # no case for torch: a header only
             "mla_generation_module",
+            "mla_bmm",
+            "encoder_attention",
             "comm",
             "custom_allreduce",
         )

@@ -207,6 +207,49 @@ class GenerationMlaModuleGrid(MlaModuleGrid):
     step: list[PosInt] = Field(min_length=1)
 
 
+QuantDtype = Literal["fp8"]  # quant_dtype: bf16 activations quantized to float8_e4m3fn, as the reference holds
+
+
+class QuantizeGrid(Frozen):
+    """FP8 activation quantization of x[m, k] (compute_scale, scale_matrix): every m with every k. Statically
+    quantized FP8 models add the input width k of their linear layers at each of model_tp_sizes."""
+
+    dtypes: Annotated[list[QuantDtype], Distinct] = Field(min_length=1)
+    m: list[PosInt] = Field(min_length=1)
+    k: list[PosInt] = Field(min_length=1)
+    model_tp_sizes: list[PosInt] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _sorted(self) -> QuantizeGrid:
+        for axis in ("m", "k", "model_tp_sizes"):
+            _ascending_unique(axis, getattr(self, axis))
+        return self
+
+
+BmmDtype = Literal["float32", "bfloat16", "fp8"]  # float32: the CPU's baseline for the torch backend
+MlaBmmOp = Literal["mla_gen_pre", "mla_gen_post"]  # the absorb BMM before MLA decode, the W_UV BMM after it
+
+
+class MlaBmmGrid(Frozen):
+    """MLA generation's absorb BMMs per rank: each op_name's token counts with every head count on the rank. MLA
+    models add num_attention_heads / tp for each of model_tp_sizes that divides them."""
+
+    dtypes: Annotated[list[BmmDtype], Distinct] = Field(min_length=1)
+    num_tokens: dict[MlaBmmOp, list[PosInt]] = Field(min_length=1, description="per op_name")
+    num_heads: list[PosInt] = Field(min_length=1, description="heads on the rank")
+    model_tp_sizes: list[PosInt] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _sorted(self) -> MlaBmmGrid:
+        for op_name, tokens in self.num_tokens.items():
+            if not tokens:
+                raise ValueError(f"num_tokens.{op_name} is empty")
+            _ascending_unique(f"num_tokens.{op_name}", tokens)
+        for axis in ("num_heads", "model_tp_sizes"):
+            _ascending_unique(axis, getattr(self, axis))
+        return self
+
+
 GpuCount = Annotated[int, Field(strict=True, ge=2)]
 
 
@@ -239,6 +282,42 @@ class CustomAllreduceGrid(Frozen):
     @model_validator(mode="after")
     def _sorted(self) -> CustomAllreduceGrid:
         for axis in ("num_gpus", "message_size"):
+            _ascending_unique(axis, getattr(self, axis))
+        return self
+
+
+EncoderDtype = Literal["float32", "bfloat16"]  # the vision towers run in the model dtype (the reference: bf16)
+
+
+class EncoderHeadSweep(Frozen):
+    """Generic vision-tower head configurations: every num_heads with every head_dim (MHA: kv heads = heads)."""
+
+    num_heads: list[PosInt] = Field(min_length=1)
+    head_dim: list[PosInt] = Field(min_length=1)
+
+
+class EncoderModelHeads(Frozen):
+    """One vision tower without a profile: num_heads / tp heads per rank at each TP size that divides them."""
+
+    model: str = Field(min_length=1)
+    num_heads: PosInt
+    head_dim: PosInt
+    tp_sizes: list[PosInt] = Field(min_length=1)
+
+
+class EncoderAttentionGrid(Frozen):
+    attn_dtypes: Annotated[list[EncoderDtype], Distinct] = Field(min_length=1)
+    batch_size: list[PosInt] = Field(min_length=1)
+    isl: list[PosInt] = Field(min_length=1)
+    heads: list[EncoderHeadSweep] = Field(min_length=1, description="generic sweeps; their union is planned")
+    model_heads: list[EncoderModelHeads] = []
+    max_tokens: PosInt = Field(description="batch_size x isl stays at or below")
+    max_head_elements: PosInt | None = Field(None, description="batch_size x isl x num_heads x head_dim stays below")
+    model_tp_sizes: list[PosInt] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _sorted(self) -> EncoderAttentionGrid:
+        for axis in ("batch_size", "isl", "model_tp_sizes"):
             _ascending_unique(axis, getattr(self, axis))
         return self
 
@@ -314,6 +393,10 @@ GRID_TYPES: dict[str, type[Frozen]] = {
     "mla_generation": GenerationMlaGrid,
     "mla_context_module": ContextMlaModuleGrid,
     "mla_generation_module": GenerationMlaModuleGrid,
+    "compute_scale": QuantizeGrid,
+    "scale_matrix": QuantizeGrid,
+    "mla_bmm": MlaBmmGrid,
+    "encoder_attention": EncoderAttentionGrid,
     "comm": CommGrid,
     "custom_allreduce": CustomAllreduceGrid,
 }

@@ -16,6 +16,8 @@ from typing import Annotated, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from opcollect.cases.quantization import QuantizeShape, quantize_shapes, static_fp8
+from opcollect.cases.vision import EncoderShape, Vision, VisionConfig, vision_keys, vision_layout
 from opcollect.errors import InputError
 from opcollect.inputs import MIB, read_json
 from opcollect.runtime.planfile import MAX_DIM
@@ -62,6 +64,8 @@ class ModelConfig(BaseModel):
     max_window_layers: NonNegInt | None = None
     sliding_window_pattern: PosInt | None = None
     layer_types: Annotated[tuple[str, ...], Field(strict=False)] | None = None
+    # a multimodal model's vision tower: its encoder attention shapes (cases/vision.py)
+    vision_config: VisionConfig | None = None
 
     @field_validator("num_key_value_heads")
     @classmethod
@@ -101,6 +105,8 @@ FAMILIES: dict[str, Family] = {
     "Gemma2ForCausalLM": Family(defaults={"head_dim": 256, "sliding_window": 4096}, alternating_window=True),
     "Gemma3ForCausalLM": _GEMMA3,
     "Gemma3ForConditionalGeneration": _GEMMA3,  # its language model's keys are under text_config
+    "Qwen3VLForConditionalGeneration": _QWEN,  # text_config: Qwen3's keys; vision_config: the vision tower
+    "Qwen3VLMoeForConditionalGeneration": _QWEN,
     "DeepseekV2ForCausalLM": _PLAIN,  # MLA; first_k_dense_replace dense layers, then routed + shared experts
     "DeepseekV3ForCausalLM": _PLAIN,
     "Glm4MoeForCausalLM": _PLAIN,  # GQA with head_dim; DeepSeek-style experts
@@ -167,6 +173,7 @@ class Layout:
     dense: Mlp | None  # the MLP of dense layers, when the model has any
     experts: Experts | None
     vocab: int | None
+    vision: Vision | None = None  # a multimodal model's vision tower
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,7 @@ class ModelSpec:
     source: str
     layout: Layout
     notes: tuple[str, ...] = ()  # what a plan reports about this model (e.g. an unknown architecture)
+    static_fp8: str | None = None  # the quantization_config format of static FP8 activations (cases/quantization.py)
 
 
 class LeftOut(NamedTuple):
@@ -191,6 +199,8 @@ class ModelShapes:
     moe: frozenset[MoeShape]
     mla: frozenset[MlaShape]
     left_out: frozenset[LeftOut] = frozenset()  # shapes a TP size could not split, with the reason
+    encoder: frozenset[EncoderShape] = frozenset()  # a vision tower's attention heads per rank
+    quantize: frozenset[QuantizeShape] = frozenset()  # a static-FP8 model's linear-layer input widths per rank
 
     def notes_for(self, family: str) -> list[str]:
         return sorted(entry.text for entry in self.left_out if entry.family == family)
@@ -205,6 +215,7 @@ class _Collector:
         self.moe: set[MoeShape] = set()
         self.mla: set[MlaShape] = set()
         self.left_out: set[LeftOut] = set()
+        self.encoder: set[EncoderShape] = set()
 
     def leave_out(self, tp: int, why: str, what: str, families: tuple[str, ...]) -> None:
         text = f"{self.name}: tp {tp} {why}; its {what} shapes at tp {tp} are left out"
@@ -276,11 +287,22 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
             if experts.shared is not None:
                 out.mlp(experts.shared, tp, "shared expert")
             out.moe.add(MoeShape(lay.hidden, experts.mlp.inter, experts.topk, experts.count))
+        if lay.vision is not None:  # the vision tower's heads split over the ranks as the language model's do
+            heads = out.query_heads(lay.vision.heads, tp, "vision-tower attention", ("encoder_attention",))
+            if heads is not None:
+                out.encoder.add(EncoderShape(heads, lay.vision.head_dim))
         if lay.vocab is not None:
             # lm_head: vocabulary rows split across ranks; an uneven split pads each rank to ceil(vocab / tp)
             out.gemm.add(GemmShape(-(-lay.vocab // tp), lay.hidden))
     return ModelShapes(
-        frozenset(out.gemm), frozenset(out.heads), frozenset(out.moe), frozenset(out.mla), frozenset(out.left_out)
+        frozenset(out.gemm),
+        frozenset(out.heads),
+        frozenset(out.moe),
+        frozenset(out.mla),
+        frozenset(out.left_out),
+        encoder=frozenset(out.encoder),
+        # every linear layer's input width k on a rank: what its fp8 activations are quantized at
+        quantize=quantize_shapes(spec.static_fp8, {shape.k for shape in out.gemm}),
     )
 
 
@@ -379,7 +401,7 @@ def _layout(source: str, arch: str, name: str, cfg: ModelConfig, family: Family,
         if cfg.intermediate_size is None:
             raise missing("intermediate_size", dense_why)
         dense = Mlp(cfg.intermediate_size, "intermediate_size")
-    return Layout(hidden, heads, attention, dense, experts, cfg.vocab_size)
+    return Layout(hidden, heads, attention, dense, experts, cfg.vocab_size, vision_layout(source, cfg.vision_config))
 
 
 def parse_config(
@@ -400,12 +422,14 @@ def parse_config(
     for key in ("hidden_size", "num_attention_heads"):
         if key not in data:
             raise InputError(f"{source}: missing key {key!r} required for {architecture}; add it to the config")
+    quantization = data.get("quantization_config")  # read by cases/quantization.py, not a ModelConfig key
+    data = {key: value for key, value in data.items() if key != "quantization_config"}
     try:
         config = ModelConfig.model_validate({**family.defaults, **data})
     except ValidationError as exc:
         raise InputError(describe_validation_error(source, exc)) from None
     layout = _layout(source, architecture, name, config, family, found)
-    return ModelSpec(name, architecture, config, source, layout, tuple(found))
+    return ModelSpec(name, architecture, config, source, layout, tuple(found), static_fp8(source, quantization))
 
 
 def _name_of(path: Path, data: dict) -> str:
@@ -442,4 +466,16 @@ def read_hf_config(path: Path) -> ModelSpec:
         keys.update(text)  # a multimodal model: its language model's keys are nested
         notes = (f"{name}: {arch} is planned from its text_config (the language model only)",)
     picked = {key: keys[key] for key in KEYS if keys.get(key) is not None}
+    # a multimodal config may keep its language model's quantization_config under text_config
+    quantization = data.get("quantization_config", text.get("quantization_config") if isinstance(text, dict) else None)
+    if quantization is not None:
+        picked["quantization_config"] = quantization
+    vision = data.get("vision_config")
+    if isinstance(vision, dict):  # the vision tower's own keys; another shape of value is named by validation
+        picked["vision_config"] = vision_keys(vision)
+        if picked["vision_config"] is None:
+            del picked["vision_config"]
+            notes += (f"{name}: vision_config has no hidden_size and num_heads; its vision tower is not planned",)
+        elif notes:
+            notes = (f"{name}: {arch} is planned from its text_config (the language model) and vision_config",)
     return parse_config(str(path), arch, name, picked, notes)

@@ -19,7 +19,7 @@ from opcollect.names import sm_label
 from opcollect.plans.base import OpPlan
 from opcollect.plans.planner import Plan
 
-FAMILIES = ("gemm", "attention", "moe", "mla", "comm")
+FAMILIES = ("gemm", "quantize", "attention", "moe", "mla", "mla_bmm", "encoder_attention", "comm")
 NCCL = "nccl"  # comm/nccl/<nccl version>/: backend-independent
 TOP_PATTERNS = 8
 EXAMPLES = 5

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from opcollect.plans import attention, comm, gemm, mla, mla_module, moe
+from opcollect.plans import attention, comm, encoder_attention, gemm, mla, mla_bmm, mla_module, moe, quantize
 from opcollect.plans.base import OpPlan
 
 OPS: dict[str, OpPlan] = {
     p.name: p
     for p in (
         gemm.PLAN,
+        quantize.COMPUTE_SCALE,
+        quantize.SCALE_MATRIX,
         attention.CONTEXT,
         attention.GENERATION,
         moe.PLAN,
@@ -16,6 +18,8 @@ OPS: dict[str, OpPlan] = {
         mla.GENERATION,
         mla_module.CONTEXT,
         mla_module.GENERATION,
+        mla_bmm.PLAN,
+        encoder_attention.PLAN,
         comm.PLAN,
         comm.CUSTOM_ALLREDUCE,
     )

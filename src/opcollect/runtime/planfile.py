@@ -32,6 +32,7 @@ _ATTENTION = (
 _MLA = ("mla_dtype", "kv_cache_dtype", "num_heads", "batch_size", "isl", "tp_size", "step")
 _MLA_MODULE = ("model", "architecture", "mla_dtype", "kv_cache_dtype", "gemm_type", "num_heads", "batch_size")
 _MLA_MODULE += ("isl", "tp_size", "step")
+_ENCODER_ATTENTION = ("batch_size", "isl", "num_heads", "head_dim", "attn_dtype")
 OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gemm": ("gemm_perf", "gemm", ("gemm_dtype", "m", "n", "k")),
     "attention_context": ("context_attention_perf", "attention", _ATTENTION),
@@ -42,6 +43,10 @@ OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mla_generation": ("generation_mla_perf", "mla", _MLA),
     "mla_context_module": ("mla_context_module_perf", "mla", _MLA_MODULE),
     "mla_generation_module": ("mla_generation_module_perf", "mla", _MLA_MODULE),
+    "compute_scale": ("computescale_perf", "quantize", ("m", "k", "quant_dtype")),
+    "scale_matrix": ("scale_matrix_perf", "quantize", ("m", "k", "quant_dtype")),
+    "mla_bmm": ("mla_bmm_perf", "mla_bmm", ("op_name", "bmm_dtype", "num_tokens", "num_heads")),
+    "encoder_attention": ("encoder_attention_perf", "encoder_attention", _ENCODER_ATTENTION),
     "comm": ("nccl_perf", "comm", ("nccl_dtype", "op_name", "num_gpus", "message_size")),
     "custom_allreduce": ("custom_allreduce_perf", "comm", ("allreduce_dtype", "num_gpus", "message_size", "backend")),
 }  # fmt: skip
@@ -49,6 +54,7 @@ OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 TEXT_FIELDS = frozenset(
     {"gemm_dtype", "attn_dtype", "kv_cache_dtype", "moe_dtype", "distribution", "mla_dtype", "model"}
     | {"architecture", "gemm_type", "nccl_dtype", "op_name", "allreduce_dtype", "backend"}
+    | {"quant_dtype", "bmm_dtype"}
 )
 # counts that may be 0: the first decode step, and window_size 0 for full attention
 ZERO_FIELDS = frozenset({"step", "window_size"})

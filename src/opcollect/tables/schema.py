@@ -47,6 +47,10 @@ SWEEP_AXIS = {
     "mla_generation": "batch_size",
     "mla_context_module": "isl",
     "mla_generation_module": "batch_size",
+    "compute_scale": "m",
+    "scale_matrix": "m",
+    "mla_bmm": "num_tokens",
+    "encoder_attention": "isl",
     "comm": "message_size",
     "custom_allreduce": "message_size",
 }
