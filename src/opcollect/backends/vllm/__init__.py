@@ -1,8 +1,9 @@
 """The vLLM backend: vLLM 0.24.0's own layers and kernels, as vLLM selects them on the device.
 
 Each runner builds the vLLM layer serving would (linear methods, FusedMoE, Attention with its backend's
-metadata builder and paged KV cache, DeepseekV2MLAAttention, the custom all-reduce) inside one worker's
-vLLM context (context.py) and reads the kernel vLLM chose from the objects it built. vllm is imported only
+metadata builder and paged KV cache, DeepseekV2MLAAttention, the custom all-reduce, MLAAttention's absorb weights,
+MMEncoderAttention) or calls vLLM's own op (scaled_fp8_quant) inside one worker's vLLM context (context.py) and
+reads the kernel vLLM chose from the objects it built or the op's result. vllm is imported only
 inside the functions that run on the GPU; NCCL collectives are timed as the torch backend times them.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from opcollect.backends.torch import comm
-from opcollect.backends.vllm import allreduce, attention, gemm, mla, moe
+from opcollect.backends.vllm import allreduce, attention, encoder_attention, gemm, mla, mla_bmm, moe, quantize
 from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
 from opcollect.runtime import timing
@@ -48,6 +49,11 @@ for _context, _suffix in ((True, "context"), (False, "generation")):
         f"mla_{_suffix}_module",
         Runner(partial(mla.footprint, context=_context), partial(mla.prepare, context=_context)),
     )
+RUNNERS.add("scale_matrix", Runner(quantize.static_footprint, quantize.prepare_static))
+# the dynamic per-token quantization minus the static one, both timed in the row (quantize.py)
+RUNNERS.add("compute_scale", Runner(quantize.compute_scale_footprint, measure_row=quantize.measure_compute_scale))
+RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
+RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # NCCL, as nccl-tests times it
 RUNNERS.add("custom_allreduce", Runner(allreduce.footprint, measure_row=allreduce.measure_row))
 
