@@ -2,7 +2,8 @@
 
 Each runner builds what serving would (the linear methods and their kernel dispatch, FusedMoE with the runner
 backend SGLang resolves, RadixAttention over its token pools with the attention backend of the SM, the MLA
-backend with the absorb BMMs, the custom all-reduce) inside one worker's SGLang context (context.py: the
+backend with the absorb BMMs, the custom all-reduce, the FP8 activation quant of a static checkpoint, the MLA absorb
+BMMs on their own, the vision tower's attention) inside one worker's SGLang context (context.py: the
 process-wide server args and parallel state, set in one place and restored) and reads what SGLang chose.
 sglang is imported only inside the functions that run on the GPU; NCCL is timed as the torch backend times it.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from opcollect.backends.sglang import allreduce, attention, gemm, mla, moe
+from opcollect.backends.sglang import allreduce, attention, encoder_attention, gemm, mla, mla_bmm, moe, quantize
 from opcollect.backends.torch import comm
 from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
@@ -50,6 +51,11 @@ for _context, _suffix in ((True, "context"), (False, "generation")):
     )
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # NCCL, as nccl-tests times it
 RUNNERS.add("custom_allreduce", Runner(allreduce.footprint, measure_row=allreduce.measure_row))
+# compute_scale is a difference of two timings (dynamic less static quant), so it times its own row
+RUNNERS.add("compute_scale", Runner(quantize.footprint, measure_row=quantize.measure_compute_scale))
+RUNNERS.add("scale_matrix", Runner(quantize.footprint, partial(quantize.prepare, dynamic=False)))
+RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
+RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
 
 
 def footprint(op: str, case) -> int:
