@@ -3,20 +3,47 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from conftest import REFERENCE, ROOT, gemm_plan, run_cli
+import pytest
+from conftest import REFERENCE, ROOT, TESTS, gemm_plan, run_cli
+from test_consumer import consumer_python  # noqa: F401  # the consumer's venv, a fixture
 
 from opcollect.runtime.rundir import read_records
 
-OPS = {"gemm", "attention_context", "attention_generation", "moe", "mla_context", "mla_generation", "comm"}
+OPS = {
+    "gemm",
+    "compute_scale",
+    "scale_matrix",
+    "attention_context",
+    "attention_generation",
+    "moe",
+    "mla_context",
+    "mla_generation",
+    "mla_bmm",
+    "encoder_attention",
+    "comm",
+}
+# the reference tables of the issue-22 families, copied into tests/data (see their README.md)
+QUANT_BMM = TESTS / "data" / "reference" / "quant_bmm_tables"
+ENCODER = TESTS / "data" / "reference" / "encoder_attention_slices"
+NEW_TABLES = (  # (our family directory, the reference table with its columns, the op_names its rows hold)
+    ("quantize", QUANT_BMM / "quantize/vllm/0.24.0/computescale_perf.parquet", {"compute_scale"}),
+    ("quantize", QUANT_BMM / "quantize/vllm/0.24.0/scale_matrix_perf.parquet", {"scale_matrix"}),
+    ("mla_bmm", QUANT_BMM / "mla_bmm/sglang/0.5.14/mla_bmm_perf.parquet", {"mla_gen_pre", "mla_gen_post"}),
+    ("encoder_attention", ENCODER / "vllm/0.24.0/encoder_attention_perf.parquet", {"encoder_attention"}),
+)
 
 
-def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One `nox -s collect-torch -- --local --device cpu --smoke`: (run directory, TABLES, the finished process)."""
+    tmp_path = tmp_path_factory.mktemp("smoke")
     run_dir = tmp_path / "run"
     nox = Path(sys.executable).with_name("nox")
     tables = tmp_path / "tables"
@@ -40,6 +67,11 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
         text=True,
         timeout=600,
     )
+    return run_dir, tables, done
+
+
+def test_nox_collect_torch_smoke_on_the_cpu(smoke):
+    run_dir, tables, done = smoke
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(run_dir)
     assert {r["op"] for r in records} == OPS
@@ -62,6 +94,14 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
         [path] = list((tables / ours).glob(f"*/{Path(theirs).name}"))
         mine, ref = pq.read_schema(path), pq.read_schema(REFERENCE / theirs)
         assert [(f.name, f.type) for f in mine][: len(ref)] == [(f.name, f.type) for f in ref]
+    # the quantize, MLA BMM and encoder attention tables: written with rows, the reference's columns first
+    for family, theirs, op_names in NEW_TABLES:
+        [path] = list((tables / "cpu" / family / "torch").glob(f"*/{theirs.name}"))
+        mine, ref = pq.read_schema(path), pq.read_schema(theirs)
+        assert [(f.name, f.type) for f in mine][: len(ref)] == [(f.name, f.type) for f in ref]
+        rows = pq.read_table(path).to_pylist()
+        assert rows and all(r["latency"] > 0 for r in rows), path
+        assert {r["op_name"] for r in rows} == op_names, path
     # an aiconfigurator systems root: the system spec beside its directory, only tables and their
     # collection_meta.yaml in a version directory, our extras in its .opcollect/
     assert (tables / "cpu.yaml").is_file()
@@ -75,6 +115,40 @@ def test_nox_collect_torch_smoke_on_the_cpu(tmp_path):
         "collect", "torch", "--local", "--device", "cpu", "--smoke", "--out", str(run_dir), "--tables", str(tables)
     )
     assert again.returncode == 0 and f"measured 0 this run ({len(records)} recorded before)" in again.stdout
+
+
+STRICT_LOAD = """
+import sys
+from aiconfigurator_core.sdk import perf_database
+try:
+    perf_database.get_database("cpu", "torch", sys.argv[2], systems_paths=[sys.argv[1]], strict_provenance=True,
+                               shared_layer=False)
+except Exception as exc:
+    sys.exit(f"refused: {exc}")
+"""
+
+
+def test_the_consumer_opens_the_smoke_tree_strictly(smoke, consumer_python, tmp_path):  # noqa: F811
+    """aiconfigurator-core's strict provenance accounts for every table of the CPU tree, the issue-22 families
+    among them; its engine takes only the vllm, sglang and trtllm backends, so the torch tree opens as data."""
+    _, tables, done = smoke
+    assert done.returncode == 0, done.stderr[-3000:]
+    [version] = {p.name for p in (tables / "cpu" / "mla_bmm" / "torch").iterdir()}
+
+    def load(root: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(consumer_python), "-c", STRICT_LOAD, str(root), version], capture_output=True, text=True, timeout=300
+        )
+
+    opened = load(tables)
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    # the load read these families' directories: a file their collection_meta.yaml does not list is refused
+    for family in ("quantize", "mla_bmm", "encoder_attention"):
+        planted = tmp_path / family
+        shutil.copytree(tables, planted)
+        (planted / "cpu" / family / "torch" / version / "stray_perf.parquet").write_bytes(b"")
+        refused = load(planted)
+        assert refused.returncode != 0 and "stray_perf" in refused.stderr, (family, refused.stderr[-500:])
 
 
 def test_two_cpu_workers_share_the_cases(tmp_path):

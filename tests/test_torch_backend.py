@@ -6,11 +6,24 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from opcollect.backends.torch import attention, footprint, free_memory, measure, mla, moe  # noqa: E402  # noqa: E402
+from opcollect.backends.torch import (  # noqa: E402
+    attention,
+    encoder_attention,
+    footprint,
+    free_memory,
+    measure,
+    mla,
+    mla_bmm,
+    moe,
+    quantize,
+)
 from opcollect.plans.attention import AttentionCase  # noqa: E402
+from opcollect.plans.encoder_attention import EncoderAttentionCase  # noqa: E402
 from opcollect.plans.gemm import GemmCase  # noqa: E402
 from opcollect.plans.mla import MlaCase  # noqa: E402
+from opcollect.plans.mla_bmm import MlaBmmCase  # noqa: E402
 from opcollect.plans.moe import MoeCase  # noqa: E402
+from opcollect.plans.quantize import QuantizeCase  # noqa: E402
 from opcollect.runtime.contract import KernelLimit  # noqa: E402
 from opcollect.runtime.harness import TimingConfig  # noqa: E402
 from opcollect.runtime.timing import rotation_copies  # noqa: E402
@@ -44,6 +57,10 @@ def test_each_op_measures_on_the_cpu():
         "moe": moe_case("power_law_1.01"),
         "mla_context": MlaCase("float32", "float32", 4, 1, 16, 32, 0),
         "mla_generation": MlaCase("bfloat16", "bfloat16", 4, 2, 1, 32, 63),
+        "compute_scale": QuantizeCase(16, 256, "fp8"),
+        "scale_matrix": QuantizeCase(16, 256, "fp8"),
+        "mla_bmm": MlaBmmCase("mla_gen_post", "bfloat16", 8, 4),
+        "encoder_attention": EncoderAttentionCase(2, 32, 4, 64, "bfloat16"),
     }
     for op, case in cases.items():
         dispatch = "per_expert_loop" if op == "moe" else "torch.mla_absorbed" if op.startswith("mla") else "x"
@@ -129,3 +146,98 @@ def test_a_sliding_window_of_w_lets_each_query_see_w_keys(monkeypatch):
     assert not call["causal"] and mask.shape == (8, 8)
     assert mask.sum(-1).tolist() == [1, 2, 3, 3, 3, 3, 3, 3]  # query i sees keys i-2 .. i
     assert all(bool(mask[i, i]) and not bool(mask[i, i + 1 :].any()) for i in range(8))  # causal within the band
+
+
+# ---- issue 22: quantize, MLA absorb BMM and encoder attention ----
+
+
+def test_compute_scale_is_per_token_amax_over_the_fp8_max():
+    x = torch.randn(6, 96, dtype=torch.bfloat16)
+    x[2] = 0  # an all-zero row keeps a positive scale
+    scale = quantize.per_token_scale(x)
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    expected = x.float().abs().max(dim=1, keepdim=True).values / fp8_max
+    assert scale.shape == (6, 1) and scale.dtype == torch.float32
+    assert torch.allclose(scale[[0, 1, 3, 4, 5]], expected[[0, 1, 3, 4, 5]], rtol=1e-6)
+    assert float(scale[2]) > 0
+
+
+def test_scale_matrix_quantizes_within_fp8_precision():
+    x = torch.randn(8, 64, dtype=torch.bfloat16) * 3
+    scale = (x.float().abs().max() / torch.finfo(torch.float8_e4m3fn).max).reshape(1)
+    out = torch.empty(8, 64, dtype=torch.float8_e4m3fn)
+    quantize.quantize_into(out, x, scale)
+    back = out.float() * scale
+    # e4m3 keeps 3 mantissa bits: a normal value is off by at most half an ulp (2**-4 relative); values below
+    # the smallest normal (2**-6 in scaled units) by at most half the subnormal step (2**-10 scaled)
+    bound = torch.maximum(x.float().abs() * 2**-4, scale * 2**-10)
+    assert bool(((back - x.float()).abs() <= bound * 1.0001).all())
+    assert float(out.float().abs().max()) == torch.finfo(torch.float8_e4m3fn).max  # the amax maps to 448
+    clipped = torch.empty(1, 2, dtype=torch.float8_e4m3fn)
+    quantize.quantize_into(clipped, torch.tensor([[1e4, -1e4]], dtype=torch.bfloat16), torch.ones(1))
+    assert clipped.float().tolist() == [[448.0, -448.0]]  # saturates instead of overflowing to NaN
+
+
+def _recorded(monkeypatch, module, name):
+    """Replace module.name by a wrapper that records each call's arguments and result."""
+    calls = []
+    real = getattr(module, name)
+
+    def recorder(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append((args, kwargs, result))
+        return result
+
+    monkeypatch.setattr(module, name, recorder)
+    return calls
+
+
+@pytest.mark.parametrize("op_name", ["mla_gen_pre", "mla_gen_post"])
+def test_mla_bmm_runs_the_absorb_matmul_per_head(monkeypatch, op_name):
+    case = MlaBmmCase(op_name, "float32", 5, 3)
+    calls = _recorded(monkeypatch, torch, "bmm")
+    prepared = mla_bmm.prepare(case, mla_bmm.KERNEL_SOURCE, "cpu", 1)
+    prepared.call()
+    [(args, kwargs, _)] = calls
+    x, w, out = args[0], args[1], kwargs["out"]
+    d_in, d_out = mla_bmm.dims(case)
+    assert (d_in, d_out) == ((128, 512) if op_name == "mla_gen_pre" else (512, 128))
+    assert x.shape == (3, 5, d_in) and w.shape == (3, d_in, d_out) and out.shape == (3, 5, d_out)
+    assert torch.allclose(out, torch.einsum("hti,hio->hto", x, w), atol=1e-4)
+    # post writes into a token-major [tokens, heads, 128] buffer, pre into a head-major one
+    assert out.is_contiguous() == (op_name == "mla_gen_pre")
+    touched = x.untyped_storage().nbytes() + w.nbytes + out.untyped_storage().nbytes()
+    assert footprint("mla_bmm", case) == touched
+    assert footprint("mla_bmm", case._replace(bmm_dtype="bfloat16")) == touched // 2
+    assert prepared.kernel_source == "torch.bmm"
+
+
+def test_mla_bmm_refuses_fp8_and_unknown_names():
+    with pytest.raises(KernelLimit, match="fp8"):
+        measure("mla_bmm", "torch.bmm", [MlaBmmCase("mla_gen_pre", "fp8", 4, 2)], "cpu", QUICK)
+    with pytest.raises(KernelLimit, match="mla_gen_mid"):
+        measure("mla_bmm", "torch.bmm", [MlaBmmCase("mla_gen_mid", "bfloat16", 4, 2)], "cpu", QUICK)
+
+
+def test_encoder_attention_is_full_non_causal_attention(monkeypatch):
+    case = EncoderAttentionCase(2, 7, 3, 16, "float32")
+    calls = _recorded(monkeypatch, torch.nn.functional, "scaled_dot_product_attention")
+    prepared = encoder_attention.prepare(case, "torch.nn.functional.scaled_dot_product_attention", "cpu", 1)
+    prepared.call()
+    (q, k, v), kwargs, out = calls[-1]
+    assert not kwargs.get("is_causal") and kwargs.get("attn_mask") is None
+    assert q.shape == k.shape == v.shape == (2, 3, 7, 16)
+    weights = ((q @ k.transpose(-1, -2)) / 4.0).softmax(-1)  # every query sees every key of its sequence
+    assert torch.allclose(out, weights @ v, atol=1e-5)
+    assert footprint("encoder_attention", case) == 4 * q.untyped_storage().nbytes()  # q, k, v and the output
+    assert prepared.kernel_source.startswith("sdpa.")
+
+
+def test_quantize_footprints_count_input_temporaries_and_output():
+    case = QuantizeCase(32, 256, "fp8")
+    x_bytes = 32 * 256 * torch.bfloat16.itemsize
+    assert footprint("compute_scale", case) >= 2 * x_bytes  # x and its |x|
+    # x, the float32 quotient and the fp8 output
+    assert footprint("scale_matrix", case) >= x_bytes + 32 * 256 * (4 + 1)
+    with pytest.raises(KernelLimit, match="int8"):
+        measure("scale_matrix", "torch_ops", [case._replace(quant_dtype="int8")], "cpu", QUICK)

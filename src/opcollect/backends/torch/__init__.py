@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from opcollect.backends.torch import attention, comm, gemm, mla, moe
+from opcollect.backends.torch import attention, comm, encoder_attention, gemm, mla, mla_bmm, moe, quantize
 from opcollect.runtime import devices as hardware
 from opcollect.runtime import timing
 from opcollect.runtime.contract import ANY_DISPATCH, Measured, Registry, Runner
@@ -35,6 +35,10 @@ for _context, _suffix in ((True, "context"), (False, "generation")):
         f"mla_{_suffix}", Runner(partial(mla.footprint, context=_context), partial(mla.prepare, context=_context))
     )
 RUNNERS.add("moe", Runner(moe.footprint, moe.prepare))
+RUNNERS.add("compute_scale", Runner(quantize.compute_scale_footprint, quantize.prepare_compute_scale))
+RUNNERS.add("scale_matrix", Runner(quantize.scale_matrix_footprint, quantize.prepare_scale_matrix))
+RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
+RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # one process group times a whole row
 
 
