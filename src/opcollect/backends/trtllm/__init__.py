@@ -2,8 +2,10 @@
 
 Each runner builds what serving builds (Linear with the checkpoint's QuantConfig, the TRTLLM attention
 backend over a KV cache manager, create_moe with the backend TensorRT-LLM resolves, the MLA backend and the
-DeepSeek MLA module, AllReduce with the AUTO strategy) and reads what TensorRT-LLM chose. tensorrt_llm is
-imported only inside the functions that run on the GPU; NCCL is timed as the torch backend times it.
+DeepSeek MLA module, AllReduce with the AUTO strategy) and reads what TensorRT-LLM chose; where serving calls
+TensorRT-LLM's torch ops itself (the FP8 per-tensor quantize ops, MLA's absorb BMMs) the runners call them the same
+way (torch_ops.py checks the installed sources still do). tensorrt_llm is imported only inside the functions that
+run on the GPU; NCCL is timed as the torch backend times it.
 
 Both pins of pins.yaml (1.3.0rc20 and 1.3.0rc23) are served: every runner is registered for the versions it
 was written and checked against (context.SERVED_VERSIONS, or fewer where an API differs), and the worker
@@ -13,7 +15,7 @@ looks runners up by the version it finds installed.
 from __future__ import annotations
 
 from opcollect.backends.torch import comm
-from opcollect.backends.trtllm import allreduce, attention, gemm, mla, moe
+from opcollect.backends.trtllm import allreduce, attention, encoder_attention, gemm, mla, mla_bmm, moe, quantize
 from opcollect.backends.trtllm.context import installed_version
 from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
@@ -40,7 +42,7 @@ def identity(device: str) -> dict:
 
 RUNNERS = Registry(FRAMEWORK)
 # each op module lists its runners per op, each registered for the versions it serves (its version routes)
-for _module in (gemm, attention, moe, mla, allreduce):
+for _module in (gemm, attention, moe, mla, allreduce, quantize, mla_bmm, encoder_attention):
     for _op, _runners in _module.RUNNERS.items():
         for _runner in _runners:
             RUNNERS.add(_op, _runner)

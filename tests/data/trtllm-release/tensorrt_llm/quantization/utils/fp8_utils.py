@@ -35,3 +35,6 @@ def check_sf_layout(sf, mn, k, gran, num_groups, tma_stride_check=..., type_chec
 
 def transform_sf_into_required_layout(sf, mn, k, recipe, num_groups=..., is_sfa=...):
     ...
+
+def per_token_quant_and_transform(input, quant_group_size=..., scale_ue8m0=..., need_permute102=...):
+    ...

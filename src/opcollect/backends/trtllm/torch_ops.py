@@ -1,0 +1,219 @@
+"""The torch ops of TensorRT-LLM that the quantize, MLA-BMM and encoder-attention runners call, and what those runners
+assume of the installed tensorrt_llm's sources, checked before a case is built.
+
+The contract check (backends/symbols.py) and the run's preflight cover every ``from tensorrt_llm... import`` a runner
+makes. They cannot see a torch op: torch.ops.trtllm.bmm_out is a Python custom op that importing
+tensorrt_llm._torch.custom_ops registers (custom_ops/__init__.py imports torch_custom_ops.bmm_out), the FP8 quantize
+and block-scaled BMM ops are C++ ops whose library is loaded by then (custom_ops/cpp_custom_ops.py registers fakes
+for them), and a value read off an imported class (PredefinedAttentionMask.FULL) is not checked either. So:
+
+- ``torch_op`` imports tensorrt_llm._torch.custom_ops and looks the op up, refusing the case as a KernelLimit that
+  names the op when the installed TensorRT-LLM does not register it;
+- ``check_installed(op)`` reads the installed package's sources (never importing them) and refuses, with one line
+  naming the file, when serving no longer calls what the runner times (ASSUMPTIONS): FP8QDQLinearMethod.apply's two
+  per-tensor quantize ops, MLA's absorb BMMs and its fp8 wrapper's kernels, the no-cache metadata and the FULL mask
+  an encoder's attention runs with;
+- ``fp8_bmm_wrapper`` reads whether the installed fp8 BMM wrapper runs its SM89/90 BMM into a fresh buffer and copies
+  it to the output (the copies read do; the reference collector times the BMM without that copy), so mla_bmm times
+  what the installed serving code does.
+
+MLA and its fp8 wrapper live in _torch/modules/attention.py up to the copies read at 1.3.0rc20 (AIC
+collect_mla_bmm.py cites attention.py:1151-1191@1.3.0rc20) and in _torch/modules/mla.py after PR #15648 (merged
+2026-06-26; modules/mla.py @06d27b41): the runners import neither, and the check reads whichever file defines them.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from opcollect.backends.symbols import MAX_SOURCE_BYTES
+from opcollect.errors import InputError
+from opcollect.inputs import read_text
+from opcollect.runtime.contract import KernelLimit
+
+MLA_FILES = ("_torch/modules/attention.py", "_torch/modules/mla.py")
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """The function, class or ``Class.method`` ``where``, defined in the first of ``paths`` (inside the tensorrt_llm
+    package) that defines it, contains every one of ``needs``; the runners of ``ops`` rely on it."""
+
+    ops: tuple[str, ...]
+    paths: tuple[str, ...]
+    where: str
+    needs: tuple[str, ...]
+    why: str
+
+
+# Each as read in the TensorRT-LLM copies named in docs/research/trtllm-1.3.0-i22-runners.md.
+ASSUMPTIONS = (
+    Assumption(
+        ("compute_scale", "scale_matrix"),
+        ("_torch/modules/linear.py",),
+        "FP8QDQLinearMethod.apply",
+        ("torch.ops.tensorrt_llm.static_quantize_e4m3_per_tensor", "torch.ops.tensorrt_llm.quantize_e4m3_per_tensor"),
+        "serving's per-tensor FP8 linear quantizes its activation with the static op given the checkpoint's "
+        "input_scale, else with the dynamic one that computes the scale (linear.py:619-627 @00bbf71e)",
+    ),
+    Assumption(
+        ("mla_bmm",),
+        MLA_FILES,
+        "MLA",
+        ("torch.ops.trtllm.bmm_out", "fp8_block_scaling_bmm_out(", "k_b_proj_trans", "v_b_proj"),
+        "MLA's absorb BMMs run torch.ops.trtllm.bmm_out on bf16 weights and fp8_block_scaling_bmm_out on fp8 block "
+        "weights (MLA.forward_absorption_generation, attention.py @00547a25)",
+    ),
+    Assumption(
+        ("mla_bmm",),
+        MLA_FILES,
+        "fp8_block_scaling_bmm_out",
+        (
+            "torch.ops.trtllm.fp8_batched_quantize_1x128_permute102",
+            "torch.ops.trtllm.fp8_block_scaling_bmm_out",
+            "per_token_quant_and_transform",
+            "is_sm_100f",
+            "mat2_dequant",
+        ),
+        "the fp8 absorb BMM: SM89/90 quantize the activation per 1x128 block, SM120 with "
+        "per_token_quant_and_transform, then the block-scaled BMM; SM100f a bf16 torch.bmm on the dequantized weight "
+        "(mla.py @06d27b41)",
+    ),
+    Assumption(
+        ("encoder_attention",),
+        ("_torch/attention_backend/trtllm.py",),
+        "TrtllmAttentionMetadata",
+        ("_max_seq_len_storage", "kv_cache_manager is None"),
+        "an encoder's metadata has no KV cache manager and takes max_seq_len from _max_seq_len_storage (trtllm.py "
+        "TrtllmAttentionMetadata.max_seq_len, prepare; AIC collect_attn_encoder.py builds it so)",
+    ),
+    Assumption(
+        ("encoder_attention",),
+        ("_torch/attention_backend/interface.py",),
+        "PredefinedAttentionMask",
+        ("FULL",),
+        "a vision tower's attention is non-causal: attention_mask=PredefinedAttentionMask.FULL "
+        "(modeling_qwen2vl.py Qwen2_5_VLVisionAttention.forward)",
+    ),
+)
+
+
+def definition(tree: ast.Module, where: str) -> ast.AST | None:
+    """The top-level function or class ``where``, or the method ``Class.method``, of ``tree`` (the last one defined)."""
+    scope: list[ast.stmt] = tree.body
+    *classes, name = where.split(".")
+    for class_name in classes:
+        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == class_name]
+        if not found:
+            return None
+        scope = found[-1].body
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    defs = [n for n in scope if isinstance(n, kinds) and n.name == name]
+    return defs[-1] if defs else None
+
+
+def _source(root: Path, paths: tuple[str, ...], where: str) -> tuple[str, str] | str:
+    """(file, source of ``where``) from the first of ``paths`` that defines it, or one line saying why none does."""
+    missing = []
+    for rel in paths:
+        path = root / rel
+        if not path.is_file():
+            missing.append(rel)
+            continue
+        try:
+            text = read_text(path, "TensorRT-LLM source", "run the pinned image", limit=MAX_SOURCE_BYTES)
+            tree = ast.parse(text)
+        except InputError as exc:  # not a regular file, too large, not UTF-8
+            return str(exc)
+        except (SyntaxError, RecursionError, MemoryError):
+            return f"tensorrt_llm/{rel}: not Python this interpreter parses"
+        node = definition(tree, where)
+        if node is not None:
+            return rel, ast.get_source_segment(text, node) or ""
+    files = " or ".join(f"tensorrt_llm/{rel}" for rel in paths)
+    state = "missing" if len(missing) == len(paths) else f"no {where}"
+    return f"{files}: {state}"
+
+
+def problems(root: Path, op: str) -> list[str]:
+    """One line per assumption of ``op``'s runner that the tensorrt_llm package at ``root`` breaks."""
+    out = []
+    for item in ASSUMPTIONS:
+        if op not in item.ops:
+            continue
+        found = _source(root, item.paths, item.where)
+        if isinstance(found, str):
+            out.append(f"{found} ({item.why})")
+            continue
+        rel, body = found
+        missing = [need for need in item.needs if need not in body]
+        if missing:
+            out.append(f"tensorrt_llm/{rel}: {item.where} no longer uses {', '.join(missing)} ({item.why})")
+    return out
+
+
+def installed_root() -> Path | None:
+    """The installed tensorrt_llm package's directory, located as the run's preflight locates it (never imported)."""
+    from opcollect.runtime.preflight import locate
+
+    found = locate("tensorrt_llm")
+    return found[0] if found and found[0].is_dir() else None
+
+
+@lru_cache(maxsize=None)
+def _installed_problems(op: str) -> tuple[str, ...] | None:
+    root = installed_root()
+    return None if root is None else tuple(problems(root, op))
+
+
+def check_installed(op: str, root: Path | None = None) -> None:
+    """Refuse, with one line, to build ``op``'s case where the tensorrt_llm at ``root`` (default: the installed one,
+    read once per process) breaks an assumption of its runner."""
+    found = problems(root, op) if root is not None else _installed_problems(op)
+    if found is None:
+        raise KernelLimit(f"TensorRT-LLM's {op} runner: tensorrt_llm is not installed")
+    if found:
+        extra = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise KernelLimit(f"TensorRT-LLM's {op} runner no longer times what serving runs: {found[0]}{extra}")
+
+
+@dataclass(frozen=True)
+class Fp8BmmWrapper:
+    """What the installed fp8_block_scaling_bmm_out does besides its kernels: the file it is in, and whether its
+    SM89/90 branch writes the BMM into a fresh buffer and copies that into the output."""
+
+    path: str
+    copies_output: bool
+
+
+def fp8_bmm_wrapper(root: Path) -> Fp8BmmWrapper:
+    found = _source(root, MLA_FILES, "fp8_block_scaling_bmm_out")
+    if isinstance(found, str):
+        raise KernelLimit(f"TensorRT-LLM's fp8 MLA BMM wrapper: {found}")
+    rel, body = found
+    # the copies read: `output = out.new_empty(...)`, the BMM into it, then `out.copy_(output)` (mla.py @06d27b41);
+    # an older one (attention.py @c6d3bb2a) wrote the BMM into `out` itself
+    return Fp8BmmWrapper(f"tensorrt_llm/{rel}", "out.copy_(" in body)
+
+
+@lru_cache(maxsize=None)
+def installed_fp8_bmm_wrapper() -> Fp8BmmWrapper:
+    root = installed_root()
+    if root is None:
+        raise KernelLimit("TensorRT-LLM's fp8 MLA BMM wrapper: tensorrt_llm is not installed")
+    return fp8_bmm_wrapper(root)
+
+
+def torch_op(namespace: str, name: str):
+    """torch.ops.<namespace>.<name> once TensorRT-LLM has registered its ops; a KernelLimit naming it when the
+    installed TensorRT-LLM registers no such op."""
+    import tensorrt_llm._torch.custom_ops  # noqa: F401  (registers the Python ops, loads the C++ ones)
+    import torch
+
+    try:
+        return getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        raise KernelLimit(f"the installed TensorRT-LLM registers no torch.ops.{namespace}.{name}") from None
