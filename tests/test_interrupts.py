@@ -56,7 +56,7 @@ def test_ctrl_c_of_a_local_collect_is_one_line_and_keeps_the_cases(tmp_path):
         time.sleep(0.05)
     assert proc.poll() is None, f"the collect ended before it was interrupted: {proc.communicate()[1][-3000:]}"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=300)  # the workers' shutdown is slow on a loaded machine
     assert proc.returncode == 130, err[-3000:]
     _one_line(err, "opcollect: interrupted (SIGINT): the cases recorded in the run directory are kept")
     assert len(read_records(run_dir)) >= 2  # finished work stays
