@@ -4,6 +4,10 @@ Usage: python consumer_driver.py REQUEST.json ANSWER.json. The request names the
 version and a list of queries; the answer holds one {latency, source} per query, or {error} for the whole
 request. The database opens with strict provenance and without the shared layer, so every answer comes
 from the named version's own tables. This file imports only the consumer (and the standard library).
+
+compute_scale and scale_matrix are no op of their own: the consumer reads them as GEMM's table views
+(sdk/operations/gemm.py GEMM.load_data) and prices an fp8_static GEMM from them; a query of either kind answers
+the view's entry, a gemm query may carry low_precision_input.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ def _op(query: dict):
     kind = query["op"]
     kv = common.KVCacheQuantMode[query["kv_cache_dtype"]] if "kv_cache_dtype" in query else None
     if kind == "gemm":
-        op = ops.GEMM("q", 1, query["n"], query["k"], common.GEMMQuantMode[query["gemm_dtype"]])
+        op = ops.GEMM(
+            "q",
+            1,
+            query["n"],
+            query["k"],
+            common.GEMMQuantMode[query["gemm_dtype"]],
+            low_precision_input=query.get("low_precision_input", False),
+        )
         return op, {"is_context": True, "batch_size": 1, "s": 1, "x": query["m"]}
     if kind == "context_attention":
         op = ops.ContextAttention(
@@ -73,7 +84,39 @@ def _op(query: dict):
     if kind == "custom_allreduce":
         op = ops.CustomAllReduce("q", 1, 1, query["num_gpus"])
         return op, {"is_context": True, "batch_size": 1, "s": 1, "x": query["message_size"]}
+    if kind == "mla_bmm":  # the absorb BMM of MLA decode: one token per sequence, so batch_size is num_tokens
+        op = ops.MLABmm(
+            "q",
+            1,
+            query["num_heads"],
+            common.GEMMQuantMode[query["bmm_dtype"]],
+            if_pre=query["op_name"] == "mla_gen_pre",
+        )
+        return op, {"is_context": False, "batch_size": query["num_tokens"], "s": 1}
+    if kind == "encoder_attention":  # no RoPE: the table's kernel time alone
+        op = ops.EncoderAttention(
+            "q",
+            1,
+            query["num_heads"],
+            query["head_dim"],
+            fmha_quant_mode=common.FMHAQuantMode[query["attn_dtype"]],
+            partial_rotary_factor=0.0,
+        )
+        return op, {"is_context": True, "batch_size": query["batch_size"], "s": query["isl"]}
     raise ValueError(f"unknown query op {kind!r}")
+
+
+# the GEMM table views of the quantize tables (sdk/engine_table_view.py VIEW_KEY_LAYERS: quant mode -> m -> k)
+VIEWS = {"compute_scale": "_compute_scale_data", "scale_matrix": "_scale_matrix_data"}
+
+
+def _view(db, query: dict) -> dict:
+    from aiconfigurator_core.sdk import common
+    from aiconfigurator_core.sdk import operations as ops
+
+    ops.GEMM.load_data(db)
+    entry = getattr(db, VIEWS[query["op"]])[common.GEMMQuantMode[query["quant_dtype"]]][query["m"]][query["k"]]
+    return {"latency": entry["latency"], "source": "view"}
 
 
 def answer(request: dict) -> dict:
@@ -93,6 +136,12 @@ def answer(request: dict) -> dict:
     handle = EngineHandle.for_database(db, systems_path=request["root"])
     answers = []
     for query in request["queries"]:
+        if query["op"] in VIEWS:
+            try:
+                answers.append(_view(db, query))
+            except KeyError as exc:  # no such entry in the view
+                answers.append({"error": f"KeyError: {exc}"})
+            continue
         op, at = _op(query)
         try:
             [(_, latency, _, source)] = handle.evaluate_ops_json(build_ops_json([op]), **at)
