@@ -154,24 +154,11 @@ def stats(latency, p25, p75, **extra):
     return Stats(latency, p25, p75, **(fields | extra))
 
 
-def test_difference_of_two_timings():
-    got = quantize.difference(stats(5.0, 4.9, 5.2), stats(3.0, 2.95, 3.1, samples=12, sm_clock_mhz=1960.0))
-    assert got.latency == pytest.approx(2.0) and got.latency_p25 == pytest.approx(1.8)
-    assert got.latency_p75 == pytest.approx(2.25) and got.noise == pytest.approx(0.45 / 2.0)
-    assert got.samples == 12 and got.sampled_seconds == pytest.approx(1.0) and got.sm_clock_mhz == 1970.0
-    assert (got.timing, got.l2) == ("graph", "rotate:4")
-    mixed = quantize.difference(stats(5.0, 4.9, 5.2), stats(3.0, 2.9, 3.1, timing="eager", l2="flush"))
-    assert (mixed.timing, mixed.l2) == ("eager", "rotate:4,flush")
-    # a dynamic quant no slower than the static one: the floor, with 0 <= p25 <= latency <= p75 kept
-    floor = quantize.difference(stats(3.0, 2.9, 3.1), stats(3.2, 3.1, 3.3))
-    assert floor.latency == quantize.FLOOR_MS and floor.latency_p25 == 0.0 and floor.latency_p75 == quantize.FLOOR_MS
-    assert floor.noise == pytest.approx(1.0)
-
-
 def test_compute_scale_times_dynamic_then_static_and_reports_the_difference(fake_quant, calls, monkeypatch):
     """Each quant is a case the harness times on its own; the row is their difference. The fake harness runs the
     prepared call once and times it by the kernel it ran: per-token 5 ms, static 3 ms."""
     order = []
+    latencies = {"per_token": 5.0, "static": 3.0}
 
     def fake_measure(prepare, footprint, device, config, first_case=False):
         prepared: Prepared = prepare(1)
@@ -179,7 +166,7 @@ def test_compute_scale_times_dynamic_then_static_and_reports_the_difference(fake
         prepared.call()
         (kind, *_) = calls[before]
         order.append(kind)
-        latency = {"per_token": 5.0, "static": 3.0}[kind]
+        latency = latencies[kind]
         return stats(latency, latency - 0.1, latency + 0.1), prepared.kernel_source
 
     monkeypatch.setattr(timing, "measure", fake_measure)
@@ -189,6 +176,12 @@ def test_compute_scale_times_dynamic_then_static_and_reports_the_difference(fake
     assert order == ["per_token", "static", "per_token", "static"]
     assert [m.kernel_source for m in measured] == ["sglang", "sglang"]
     assert [m.stats.latency for m in measured] == [pytest.approx(2.0)] * 2
+    # SGLang's fused static quant slower than the per-token one: the reference's max(0, dynamic - static), a row of
+    # latency 0 with its quantiles in order and a finite noise, not a floor and not a failure
+    latencies["static"] = 5.05  # IQR 4.95-5.15 against the per-token 4.9-5.1
+    (zero,) = runner.measure_row([QuantizeCase(4, 128, "fp8")], "cpu", TimingConfig())
+    assert (zero.stats.latency, zero.stats.latency_p25) == (0.0, 0.0) and zero.kernel_source == "sglang"
+    assert zero.stats.latency_p75 == pytest.approx(5.1 - 4.95) and zero.stats.noise == pytest.approx(0.15 / 5.0)
     with pytest.raises(KernelLimit):
         runner.measure_row([QuantizeCase(4, 128, "nvfp4")], "cpu", TimingConfig())
 

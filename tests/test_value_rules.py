@@ -1,8 +1,9 @@
 """The value rules (tables/values.py): merge admits only rows that pass them and counts the rest as garbage;
 check enforces the same rules on what TABLES holds.
 
-A rule: latency finite and positive, 0 <= p25 <= latency <= p75 all finite, samples >= 1, noise finite and
->= 0, timing graph/eager/cpu, key columns equal to their case ID, timestamps that parse and are not in the future.
+A rule: latency finite and positive (>= 0 for compute_scale, a difference of two timings), 0 <= p25 <= latency
+<= p75 all finite, samples >= 1, noise finite and >= 0, timing graph/eager/cpu, key columns equal to their case ID,
+timestamps that parse and are not in the future.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import yaml
 from conftest import fake_run, run_cli
 
 from opcollect.plans.gemm import GemmCase
+from opcollect.plans.quantize import QuantizeCase
 from opcollect.project import find_project
+from opcollect.tables.compare import compare_tables
 from opcollect.tables.merge import merge
 from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 from opcollect.tables.sidecar import read_sidecar
+from opcollect.tables.values import record_faults
 from opcollect.tables.verify import verify_tables
 
 DIR = "h200_sxm/gemm/vllm/0.24.0"
@@ -202,3 +206,77 @@ def test_check_holds_failures_key_columns_to_their_case_id(tmp_path):
     pq.write_table(failures, path)
     [finding] = [f for f in check_tables(tables) if f.rule == "R6"]
     assert (finding.path, finding.message, finding.keys) == (str(path), "n is not the one its case ID names", (_id(1),))
+
+
+# compute_scale: a latency that is a difference of two timings (OpPlan.latency_is_difference), at least 0
+QDIR = "h200_sxm/quantize/vllm/0.24.0"
+QSOURCE = "dynamic_per_token_scaled_fp8_quant_minus_static_scaled_fp8_quant"
+QCASES = [QuantizeCase(m, 4096, "fp8") for m in (1, 2, 4, 8)]
+
+
+def _qids(tables) -> dict[int, float]:
+    perf = pq.read_table(tables / QDIR / "computescale_perf.parquet")
+    return dict(zip(perf["m"].to_pylist(), perf["latency"].to_pylist()))
+
+
+def test_a_compute_scale_row_of_latency_0_is_merged_and_passes_check(tmp_path):
+    """The dynamic quant no slower than the static one: the row says 0, as the reference's do (runtime/harness.py
+    difference()); merge admits it and check's R3 passes it. Below 0 is still refused."""
+    latencies = {1: 0.0, 2: -1e-3, 4: 0.0, 8: 2e-3}
+    run = fake_run(
+        tmp_path / "run", QCASES, op="compute_scale", kernel_source=QSOURCE, latency_of=lambda c: latencies[c.m]
+    )
+    tables = tmp_path / "tables"
+    done = run_cli("merge", str(run), "--into", str(tables))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "(1 latency not finite and >= 0)" in done.stdout, done.stdout
+    assert _qids(tables) == {1: 0.0, 4: 0.0, 8: 2e-3}
+    findings = check_tables(tables)
+    assert [f.render() for f in findings if not f.warning] == []
+    assert [f.rule for f in findings] == ["R4"]  # m=2 is planned and missing: a partial table
+    # a stored compute_scale row below 0 is named under R3 with the rule its op is held to
+    path = tables / QDIR / "computescale_perf.parquet"
+    perf = pq.read_table(path)
+    values = [-1e-3 if m == 8 else v for m, v in zip(perf["m"].to_pylist(), perf["latency"].to_pylist())]
+    perf = perf.set_column(perf.schema.get_field_index("latency"), "latency", pa.array(values, pa.float64()))
+    pq.write_table(perf, path)
+    r3 = [(f.message, f.keys) for f in check_tables(tables) if f.rule == "R3"]
+    assert ("latency not finite and >= 0", (perf["case_id"][perf["m"].to_pylist().index(8)].as_py(),)) in r3
+    assert all(message != "latency not finite and positive" for message, _ in r3)
+
+
+def test_compare_takes_no_ratio_of_a_compute_scale_row_of_0(tmp_path):
+    latency_of = lambda c: 0.0 if c.m < 4 else 1e-3  # noqa: E731
+    run = fake_run(tmp_path / "run", QCASES, op="compute_scale", kernel_source=QSOURCE, latency_of=latency_of)
+    tables = tmp_path / "tables"
+    merge([run], tables, find_project(), say=lambda line: None)
+    path = tables / QDIR / "computescale_perf.parquet"
+    c = compare_tables(path, path)
+    assert c.shared == 2 and c.median == 1.0
+    assert c.left_out == [f"{path}: left out 2 rows: latency 0 (a difference of two timings), no ratio"] * 2
+
+
+def test_shard_records_are_held_to_the_latency_rule_of_their_own_op():
+    """One shard may hold records of several ops: a latency of 0 is admitted for a compute_scale record alone."""
+    ops = ["gemm", "compute_scale", "compute_scale", "gemm", "scale_matrix"]
+    latency = [0.0, 0.0, -1e-3, 1.0, 0.0]
+    records = pa.table(
+        {
+            "op": ops,
+            "status": ["ok"] * 5,
+            "attempt": [1] * 5,
+            "recorded_at": ["2026-11-30T00:00:00.000+00:00"] * 5,
+            "stats.latency": latency,
+            "stats.latency_p25": [max(v, 0.0) for v in latency],
+            "stats.latency_p75": [max(v, 0.0) for v in latency],
+            "stats.samples": [10] * 5,
+            "stats.noise": [0.0] * 5,
+            "stats.timing": ["graph"] * 5,
+        }
+    )
+    faults = {f.what: f.mask.to_pylist() for f in record_faults(records)}
+    assert faults == {
+        "latency not finite and positive": [True, False, False, False, True],
+        "latency not finite and >= 0": [False, False, True, False, False],
+        "0 <= p25 <= latency <= p75 broken": [False, False, True, False, False],  # below 0 is below p25 too
+    }

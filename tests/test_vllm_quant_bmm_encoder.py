@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import math
 import sys
 import time
 import types
@@ -20,7 +21,7 @@ import pytest
 
 from opcollect.backends.vllm import context, encoder_attention, mla_bmm, quantize
 from opcollect.runtime.contract import KernelLimit
-from opcollect.runtime.harness import Stats, TimingConfig
+from opcollect.runtime.harness import TimingConfig
 
 torch = pytest.importorskip("torch")
 
@@ -281,25 +282,6 @@ def test_the_dynamic_quant_is_per_token_and_reported_from_the_branch_that_ran(fa
     )
 
 
-def stats(latency, p25, p75, samples=10, timing="graph", clock=None):
-    return Stats(latency, p25, p75, samples, (p75 - p25) / latency, timing, 8, 0.5, 0.1, "flush", None, clock, 1)
-
-
-def test_difference_of_two_medians_keeps_the_row_consistent():
-    d = quantize.difference(stats(0.030, 0.029, 0.032, clock=1900.0), stats(0.020, 0.0195, 0.021, 12), "x")
-    assert d.latency == pytest.approx(0.010)
-    assert d.latency_p25 == pytest.approx(0.029 - 0.021) and d.latency_p75 == pytest.approx(0.032 - 0.0195)
-    assert d.latency_p25 <= d.latency <= d.latency_p75
-    assert d.noise == pytest.approx((d.latency_p75 - d.latency_p25) / d.latency)
-    assert d.samples == 10 and d.throttled_dropped == 2 and d.sm_clock_mhz == 1900.0 and d.timing == "graph"
-    assert d.sampled_seconds == pytest.approx(1.0)
-    # overlapping interquartile ranges: p25 stops at 0, a time cannot be negative
-    wide = quantize.difference(stats(0.030, 0.025, 0.040), stats(0.028, 0.020, 0.035, timing="eager"), "x")
-    assert wide.latency_p25 == 0.0 and wide.latency == pytest.approx(0.002) and wide.timing == "eager"
-    with pytest.raises(quantize.NoDifference, match="not slower"):
-        quantize.difference(stats(0.020, 0.019, 0.021), stats(0.020, 0.019, 0.021), "x")
-
-
 def test_compute_scale_times_both_quants_in_the_row_and_reports_their_difference(fake, monkeypatch):
     measured = []
     real = quantize.timing.measure_cases
@@ -322,10 +304,12 @@ def test_compute_scale_times_both_quants_in_the_row_and_reports_their_difference
         assert result.stats.timing == "cpu"
     shapes = {(tuple(c["input"].shape), c["scale"] is None) for c in fake.quant_calls}
     assert shapes == {((16, 64), True), ((16, 64), False), ((8, 128), True), ((8, 128), False)}
-    # a dynamic quant no slower than the static one is no measurement: the case fails, nothing is clipped
+    # a dynamic quant no slower than the static one: the reference's max(0, dynamic - static), a row of latency 0
+    # whose quantiles stay in order and whose noise is finite (relative to the dynamic quant's median)
     fake.cost = {"static": 80e-6, "dynamic": 20e-6}
-    with pytest.raises(quantize.NoDifference):
-        quantize.measure_compute_scale([QuantizeCase(16, 64, "fp8")], "cpu", FAST)
+    (row,) = quantize.measure_compute_scale([QuantizeCase(16, 64, "fp8")], "cpu", FAST)
+    assert row.stats.latency == 0.0 and 0 <= row.stats.latency_p25 <= row.stats.latency <= row.stats.latency_p75
+    assert math.isfinite(row.stats.noise) and row.stats.noise >= 0
 
 
 def test_quantize_footprints_and_refusals():

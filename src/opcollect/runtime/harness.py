@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
 Timing = Literal["graph", "eager", "cpu"]
@@ -58,6 +58,39 @@ class Stats:
     threads: int | None = None
     sm_clock_mhz: float | None = None
     throttled_dropped: int = 0
+
+
+def difference(minuend: Stats, subtrahend: Stats) -> Stats:
+    """The Stats of (minuend - subtrahend), two timings taken in the same row (compute_scale: a dynamic FP8 quant
+    less the static one, as the reference collector defines it).
+
+    latency is max(0, the medians' difference), the reference's quantity: where the minuend is no slower, the
+    difference is nothing measurable and the row says 0 (tables/values.py admits 0 for such ops). p25 and p75 are
+    the widest difference the two interquartile ranges allow, clipped so 0 <= p25 <= latency <= p75 always holds.
+    noise is (p75 - p25) relative to the minuend's median, the time actually measured, not to the difference: it
+    stays finite when the difference is 0 and says how wide the spread is against what was timed. samples is the
+    fewer of the two (each median rests on at least that many); seconds and drops are summed, the clocks averaged,
+    and the timing and L2 regime kept where the two agree.
+    """
+    latency = max(0.0, minuend.latency - subtrahend.latency)
+    p25 = min(max(0.0, minuend.latency_p25 - subtrahend.latency_p75), latency)
+    p75 = max(minuend.latency_p75 - subtrahend.latency_p25, latency)
+    clocks = [s.sm_clock_mhz for s in (minuend, subtrahend) if s.sm_clock_mhz is not None]
+    return replace(
+        minuend,
+        latency=latency,
+        latency_p25=p25,
+        latency_p75=p75,
+        samples=min(minuend.samples, subtrahend.samples),
+        noise=(p75 - p25) / minuend.latency if minuend.latency > 0 else float("inf"),
+        timing=minuend.timing if minuend.timing == subtrahend.timing else "eager",
+        calls_per_sample=min(minuend.calls_per_sample, subtrahend.calls_per_sample),
+        sampled_seconds=minuend.sampled_seconds + subtrahend.sampled_seconds,
+        warmup_seconds=minuend.warmup_seconds + subtrahend.warmup_seconds,
+        l2=minuend.l2 if minuend.l2 == subtrahend.l2 else f"{minuend.l2},{subtrahend.l2}",
+        sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
+        throttled_dropped=minuend.throttled_dropped + subtrahend.throttled_dropped,
+    )
 
 
 def quartiles(samples: list[float]) -> tuple[float, float, float]:

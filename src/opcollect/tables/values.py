@@ -1,7 +1,8 @@
 """The value rules a row must pass to be in a table: merge admits only rows that pass them, check enforces them.
 
-measured   latency finite and positive; p25 and p75 finite, 0 <= p25 <= latency <= p75; samples >= 1;
-           noise finite and >= 0; timing one the harness writes (runtime/harness.py Timing)
+measured   latency finite and positive (finite and >= 0 for an op whose latency is a difference of two timings,
+           OpPlan.latency_is_difference: compute_scale); p25 and p75 finite, 0 <= p25 <= latency <= p75;
+           samples >= 1; noise finite and >= 0; timing one the harness writes (runtime/harness.py Timing)
 keys       every key column holds the value its case ID names (``op:<dtype>:field=value,...``)
 times      a timestamp parses as ISO 8601 with its UTC offset and is not in the future
 
@@ -21,10 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import AfterValidator
 
+from opcollect.plans.ops import OPS
 from opcollect.runtime.harness import Timing
 from opcollect.tables.schema import TableSchema
 
 TIMINGS = tuple(get_args(Timing))
+# ops whose latency is a difference of two timings, clipped at 0 (runtime/harness.py difference()): 0 is a value
+DIFFERENCE_OPS = tuple(sorted(name for name, op in OPS.items() if op.latency_is_difference))
 # clocks of the hosts that collect and the one that merges may differ by a little; more than this is no clock skew
 CLOCK_SKEW = timedelta(minutes=10)
 
@@ -49,38 +53,52 @@ def _finite(values):
     return pc.is_finite(pc.cast(values, pa.float64()))
 
 
-def measured_faults(table: pa.Table, prefix: str = "", where=None) -> list[Fault]:
+def measured_faults(
+    table: pa.Table, prefix: str = "", where=None, difference: bool | pa.ChunkedArray | pa.Array = False
+) -> list[Fault]:
     """The measured columns' rules over ``table``'s ``<prefix>latency`` etc.; ``where`` (a boolean mask) limits
-    them to the measured rows of a table that holds failures too. A table without the quantile columns (the
-    legacy reference tables) is held to the latency rule alone."""
+    them to the measured rows of a table that holds failures too. ``difference``: whether the rows' latency is a
+    difference of two timings (OpPlan.latency_is_difference), which may be exactly 0; a bool for a table of one op,
+    a boolean mask for records of several. A table without the quantile columns (the legacy reference tables) is
+    held to the latency rule alone."""
     names = set(table.column_names)
 
     def column(name: str):
         return table[prefix + name]
 
     latency = column("latency")
-    rules = [("latency not finite and positive", pc.and_(_finite(latency), pc.greater(latency, 0)))]
+    # (what, ok, the rows it applies to: None for all)
+    rules = []
+    if difference is not True:  # a timed kernel's latency
+        timed = None if difference is False else pc.invert(pc.fill_null(difference, False))
+        rules.append(("latency not finite and positive", pc.and_(_finite(latency), pc.greater(latency, 0)), timed))
+    if difference is not False:  # a difference of two timings, clipped at 0 (runtime/harness.py difference())
+        differences = None if difference is True else difference
+        at_least_0 = pc.and_(_finite(latency), pc.greater_equal(latency, 0))
+        rules.append(("latency not finite and >= 0", at_least_0, differences))
     if {prefix + n for n in ("latency_p25", "latency_p75", "samples", "noise", "timing")} <= names:
         p25, p75, noise = column("latency_p25"), column("latency_p75"), column("noise")
         in_order = pc.and_(pc.greater_equal(p25, 0), pc.and_(pc.less_equal(p25, latency), pc.less_equal(latency, p75)))
         rules += [
-            ("0 <= p25 <= latency <= p75 broken", pc.and_(pc.and_(_finite(p25), _finite(p75)), in_order)),
-            ("samples below 1", pc.greater_equal(column("samples"), 1)),
-            ("noise not finite and >= 0", pc.and_(_finite(noise), pc.greater_equal(noise, 0))),
-            (f"timing not one of {', '.join(TIMINGS)}", pc.is_in(column("timing"), value_set=pa.array(TIMINGS))),
+            ("0 <= p25 <= latency <= p75 broken", pc.and_(pc.and_(_finite(p25), _finite(p75)), in_order), None),
+            ("samples below 1", pc.greater_equal(column("samples"), 1), None),
+            ("noise not finite and >= 0", pc.and_(_finite(noise), pc.greater_equal(noise, 0)), None),
+            (f"timing not one of {', '.join(TIMINGS)}", pc.is_in(column("timing"), value_set=pa.array(TIMINGS)), None),
         ]
     faults = []
-    for what, ok in rules:
+    for what, ok, scope in rules:
         bad = _bad(ok)
-        if where is not None:
-            bad = pc.and_(bad, pc.fill_null(where, False))
+        for limit in (where, scope):
+            if limit is not None:
+                bad = pc.and_(bad, pc.fill_null(limit, False))
         faults.append(Fault("R3", what, bad))
     return [f for f in faults if f.count]
 
 
 def record_faults(records: pa.Table, now: datetime | None = None) -> list[Fault]:
     """The rules over shard records (stats flattened to ``stats.<name>``): a status the runtime writes, an
-    attempt >= 1 and a recorded_at that passes the time rule, and a measured record's stats the measured rules."""
+    attempt >= 1 and a recorded_at that passes the time rule, and a measured record's stats the measured rules
+    (a latency of 0 admitted where the record's op is one of DIFFERENCE_OPS)."""
     status = records["status"]
     faults = [
         Fault("R3", "status neither ok nor failed", _bad(pc.is_in(status, value_set=pa.array(["ok", "failed"])))),
@@ -88,7 +106,8 @@ def record_faults(records: pa.Table, now: datetime | None = None) -> list[Fault]
     ]
     late = time_fault(records["recorded_at"], "recorded_at unparsable or in the future", now)
     faults += [late] if late is not None else []
-    faults += measured_faults(records, "stats.", where=pc.equal(status, "ok"))
+    differences = pc.is_in(records["op"], value_set=pa.array(DIFFERENCE_OPS, pa.string()))
+    faults += measured_faults(records, "stats.", where=pc.equal(status, "ok"), difference=differences)
     return [f for f in faults if f.count]
 
 

@@ -25,19 +25,15 @@ CUDA device.
 
 from __future__ import annotations
 
-import dataclasses
 from functools import partial
 
 from opcollect.runtime import timing
 from opcollect.runtime.contract import KernelLimit, Measured, Prepared, Runner
 from opcollect.runtime.devices import device_sm
-from opcollect.runtime.harness import Stats, TimingConfig
+from opcollect.runtime.harness import TimingConfig, difference
 
 SOURCE = "sglang"
 QUANT_DTYPES = ("fp8",)
-# tables hold a positive latency (tables/values.py R3): where the dynamic quant is no slower than the static one the
-# scale costs nothing measurable, and the row says 1 ns rather than the reference's 0.0
-FLOOR_MS = 1e-6
 
 
 def check_case(case) -> None:
@@ -94,35 +90,10 @@ def prepare(case, dispatch: str, device: str, copies: int, dynamic: bool) -> Pre
     return Prepared(quant_dynamic if dynamic else quant_static, SOURCE)
 
 
-def difference(minuend: Stats, subtrahend: Stats) -> Stats:
-    """minuend - subtrahend of two timings of one case: the medians' difference, floored at FLOOR_MS; the quartiles
-    as wide as the two spreads allow (p25 of one less p75 of the other), clipped to hold 0 <= p25 <= latency <= p75,
-    so a small difference of close medians shows as a noisy row; samples the fewer of the two (each median rests on
-    at least that many), seconds and drops summed, the timing and L2 regime kept when they agree."""
-    latency = max(minuend.latency - subtrahend.latency, FLOOR_MS)
-    p25 = min(max(minuend.latency_p25 - subtrahend.latency_p75, 0.0), latency)
-    p75 = max(minuend.latency_p75 - subtrahend.latency_p25, latency)
-    clocks = [s.sm_clock_mhz for s in (minuend, subtrahend) if s.sm_clock_mhz is not None]
-    return dataclasses.replace(
-        minuend,
-        latency=latency,
-        latency_p25=p25,
-        latency_p75=p75,
-        samples=min(minuend.samples, subtrahend.samples),
-        noise=(p75 - p25) / latency,
-        timing=minuend.timing if minuend.timing == subtrahend.timing else "eager",
-        calls_per_sample=min(minuend.calls_per_sample, subtrahend.calls_per_sample),
-        sampled_seconds=minuend.sampled_seconds + subtrahend.sampled_seconds,
-        warmup_seconds=minuend.warmup_seconds + subtrahend.warmup_seconds,
-        l2=minuend.l2 if minuend.l2 == subtrahend.l2 else f"{minuend.l2},{subtrahend.l2}",
-        sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-        throttled_dropped=minuend.throttled_dropped + subtrahend.throttled_dropped,
-    )
-
-
 def measure_compute_scale(cases: list, device: str, config: TimingConfig) -> list[Measured]:
     """Per case: the dynamic quant timed, then the static one (the reference's order), each as a prepared case of its
-    own (rotation, graph, cold L2), and their difference."""
+    own (rotation, graph, cold L2), and their difference (runtime/harness.py difference(): max(0, dynamic - static),
+    the reference's quantity, so a dynamic quant no slower than the static one gives a row of latency 0)."""
     dynamic = Runner(footprint, partial(prepare, dynamic=True))
     static = Runner(footprint, partial(prepare, dynamic=False))
     results = []

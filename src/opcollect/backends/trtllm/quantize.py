@@ -13,25 +13,24 @@ compute_scale: what computing the scale costs, as the reference collector define
 collector/trtllm/collect_computescale.py): the time of the dynamic op minus that of the static one on the same
 input. TensorRT-LLM has no op that only computes the scale, so the quantity is a difference of two timings. Both are
 timed in the same row, one after the other, each by the harness (graphs, cold L2, the stopping rule); the row's
-fields come from both (difference()): latency the difference of the medians, p25/p75 the widest difference their
-interquartile ranges allow (p25 clipped at 0), noise (p75 - p25) / latency. A difference that is not positive is no
-measurement and fails the case (the collector clips it to 0). kernel_source "torch_ops" for both tables, the label
+fields come from both by runtime/harness.py difference(): latency max(0, the difference of the medians), the
+collector's quantity (a dynamic op no slower than the static one gives a row of latency 0, as the reference's do),
+p25/p75 the widest difference their interquartile ranges allow, noise relative to the dynamic op's median.
+kernel_source "torch_ops" for both tables, the label
 the reference records (collect_computescale.py), once the dry run shows which op ran: the static op hands back the
 scale it was given, the dynamic one a fresh [1, 1] scale.
 
 Before a case is built, torch_ops.check_installed proves that the installed FP8QDQLinearMethod.apply still calls
-these two ops. The pure parts (footprint, difference, kernel_ran) need no torch.
+these two ops. The pure parts (footprint, kernel_ran) need no torch.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from opcollect.backends.trtllm import torch_ops
 from opcollect.backends.trtllm.context import SERVED_VERSIONS
 from opcollect.runtime import timing
 from opcollect.runtime.contract import KernelLimit, Measured, Prepared, Runner
-from opcollect.runtime.harness import Stats, TimingConfig
+from opcollect.runtime.harness import TimingConfig, difference
 
 KERNEL_SOURCE = "torch_ops"  # the reference's label for both tables (collect_computescale.py)
 NAMESPACE = "tensorrt_llm"  # TORCH_LIBRARY_FRAGMENT(tensorrt_llm, m) in fp8Op.cpp
@@ -42,10 +41,6 @@ FP8_BYTES = 1
 STATIC_SCALE_BYTES = 4  # the checkpoint's float32 input_scale
 DYNAMIC_SCALE_BYTES = 2  # the [1, 1] scale the dynamic op returns in the input's dtype
 INPUT_SCALE = 1.0  # the reference's static scale (collect_computescale.py); any positive scale runs the same kernel
-
-
-class NoDifference(RuntimeError):
-    """The dynamic quantization was not slower than the static one: no positive scale-computation time to report."""
 
 
 def check_case(case) -> None:
@@ -108,34 +103,6 @@ def prepare_dynamic(case, dispatch: str, device: str, copies: int) -> Prepared:
     return _prepare(case, device, copies, dynamic=True)
 
 
-def difference(minuend: Stats, subtrahend: Stats, what: str) -> Stats:
-    """The Stats of (minuend - subtrahend) from two measurements of the same row (see the module docstring)."""
-    latency = minuend.latency - subtrahend.latency
-    if not latency > 0:
-        raise NoDifference(
-            f"{what}: {DYNAMIC_OP} ({minuend.latency:.6g} ms) was not slower than {STATIC_OP} "
-            f"({subtrahend.latency:.6g} ms); no positive scale-computation time to report"
-        )
-    p25 = max(0.0, minuend.latency_p25 - subtrahend.latency_p75)
-    p75 = minuend.latency_p75 - subtrahend.latency_p25
-    clocks = [s.sm_clock_mhz for s in (minuend, subtrahend) if s.sm_clock_mhz is not None]
-    return replace(
-        minuend,
-        latency=latency,
-        latency_p25=p25,
-        latency_p75=p75,
-        samples=min(minuend.samples, subtrahend.samples),  # each median rests on at least this many samples
-        noise=(p75 - p25) / latency,
-        timing=minuend.timing if minuend.timing == subtrahend.timing else "eager",
-        calls_per_sample=min(minuend.calls_per_sample, subtrahend.calls_per_sample),
-        sampled_seconds=minuend.sampled_seconds + subtrahend.sampled_seconds,
-        warmup_seconds=minuend.warmup_seconds + subtrahend.warmup_seconds,
-        l2=minuend.l2 if minuend.l2 == subtrahend.l2 else f"{minuend.l2},{subtrahend.l2}",
-        sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-        throttled_dropped=minuend.throttled_dropped + subtrahend.throttled_dropped,
-    )
-
-
 STATIC_RUNNER = Runner(footprint, prepare_static, versions=SERVED_VERSIONS)
 DYNAMIC_RUNNER = Runner(footprint, prepare_dynamic, versions=SERVED_VERSIONS)
 
@@ -148,7 +115,7 @@ def measure_compute_scale(cases: list, device: str, config: TimingConfig) -> lis
         check_case(case)
         (dynamic,) = timing.measure_cases(DYNAMIC_RUNNER, KERNEL_SOURCE, [case], device, config)
         (static,) = timing.measure_cases(STATIC_RUNNER, KERNEL_SOURCE, [case], device, config)
-        stats = difference(dynamic.stats, static.stats, f"compute_scale m={case.m} k={case.k}")
+        stats = difference(dynamic.stats, static.stats)
         if dynamic.kernel_source != static.kernel_source:
             raise RuntimeError(f"compute_scale: the two ops ran {dynamic.kernel_source} and {static.kernel_source}")
         results.append(Measured(stats, dynamic.kernel_source))

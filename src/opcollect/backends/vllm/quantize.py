@@ -11,10 +11,10 @@ collect_computescale.py): the median of a dynamic per-token quantization (QuantF
 torch.ops._C.dynamic_per_token_scaled_fp8_quant, _custom_ops.py:1939-1944) minus the median of the static one above,
 on the same input shape. vLLM has no kernel that only computes the scales, so the quantity is a difference of two
 timings. Both are measured in the same row, one after the other, each by the harness (graphs, cold L2, the stopping
-rule), and the row's fields are derived from both (difference()): latency the difference of the medians, p25/p75
-the widest difference their interquartile ranges allow (p25 clipped at 0: computing scales takes no negative time),
-noise (p75 - p25) / latency, so a small difference of two close medians shows as a noisy row rather than a precise
-one. A difference that is not positive is no measurement and fails the case (the reference clips it to 0).
+rule), and the row's fields are derived from both by runtime/harness.py difference(): latency max(0, the
+difference of the medians), the reference's quantity, so a dynamic quant no slower than the static one gives a row of
+latency 0, as the reference's does; p25/p75 the widest difference their interquartile ranges allow, noise relative to
+the dynamic quant's median.
 
 kernel_source is read from what ran: scaled_fp8_quant returns the scale it was given on its static branch, an
 (m, 1) tensor on the per-token branch and a (1,) tensor on the dynamic per-tensor one (_custom_ops.py:1939-1951).
@@ -22,11 +22,9 @@ kernel_source is read from what ran: scaled_fp8_quant returns the scale it was g
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from opcollect.runtime import timing
 from opcollect.runtime.contract import KernelLimit, Measured, Prepared, Runner
-from opcollect.runtime.harness import Stats, TimingConfig
+from opcollect.runtime.harness import TimingConfig, difference
 
 ACTIVATION_BYTES = 2  # bf16 activations, as serving's FP8 linear layers receive them and the reference draws them
 FP8_BYTES = 1
@@ -35,10 +33,6 @@ STATIC_INPUT_SCALE = 1.0  # the reference's static scale; any positive scale run
 STATIC = "static_scaled_fp8_quant"
 DYNAMIC_PER_TOKEN = "dynamic_per_token_scaled_fp8_quant"
 DYNAMIC_PER_TENSOR = "dynamic_scaled_fp8_quant"
-
-
-class NoDifference(RuntimeError):
-    """The dynamic quantization was not slower than the static one: compute_scale has no positive time to report."""
 
 
 def _require_fp8(case) -> None:
@@ -118,34 +112,6 @@ def prepare_dynamic(case, dispatch: str, device: str, copies: int) -> Prepared:
     return _prepare(case, device, copies, static=False)
 
 
-def difference(minuend: Stats, subtrahend: Stats, what: str) -> Stats:
-    """The Stats of (minuend - subtrahend) from two measurements of the same row (see the module docstring)."""
-    latency = minuend.latency - subtrahend.latency
-    if not latency > 0:
-        raise NoDifference(
-            f"{what}: the dynamic per-token quantization ({minuend.latency:.6g} ms) was not slower than the static "
-            f"one ({subtrahend.latency:.6g} ms); no positive scale-computation time to report"
-        )
-    p25 = max(0.0, minuend.latency_p25 - subtrahend.latency_p75)
-    p75 = minuend.latency_p75 - subtrahend.latency_p25
-    clocks = [s.sm_clock_mhz for s in (minuend, subtrahend) if s.sm_clock_mhz is not None]
-    return replace(
-        minuend,
-        latency=latency,
-        latency_p25=p25,
-        latency_p75=p75,
-        samples=min(minuend.samples, subtrahend.samples),  # each median rests on at least this many samples
-        noise=(p75 - p25) / latency,
-        timing=minuend.timing if minuend.timing == subtrahend.timing else "eager",
-        calls_per_sample=min(minuend.calls_per_sample, subtrahend.calls_per_sample),
-        sampled_seconds=minuend.sampled_seconds + subtrahend.sampled_seconds,
-        warmup_seconds=minuend.warmup_seconds + subtrahend.warmup_seconds,
-        l2=minuend.l2 if minuend.l2 == subtrahend.l2 else f"{minuend.l2},{subtrahend.l2}",
-        sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-        throttled_dropped=minuend.throttled_dropped + subtrahend.throttled_dropped,
-    )
-
-
 STATIC_RUNNER = Runner(static_footprint, prepare_static)
 DYNAMIC_RUNNER = Runner(dynamic_footprint, prepare_dynamic)
 
@@ -158,7 +124,6 @@ def measure_compute_scale(cases: list, device: str, config: TimingConfig) -> lis
         _require_fp8(case)
         (dynamic,) = timing.measure_cases(DYNAMIC_RUNNER, DYNAMIC_PER_TOKEN, [case], device, config)
         (static,) = timing.measure_cases(STATIC_RUNNER, STATIC, [case], device, config)
-        what = f"compute_scale m={case.m} k={case.k}"
-        stats = difference(dynamic.stats, static.stats, what)
+        stats = difference(dynamic.stats, static.stats)
         results.append(Measured(stats, f"{dynamic.kernel_source}_minus_{static.kernel_source}"))
     return results
