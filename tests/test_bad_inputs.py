@@ -365,6 +365,12 @@ ROWS = [
         replace("{tree}/systems/h200_sxm.yaml", "    mem_bw: ", "    memory_bw: "),
     ),
     Row(
+        "systems-figure-negative",
+        MERGE_TREE,
+        "h200_sxm.yaml: field 'dense_tflops.fp8': Input should be greater than 0 (got -1979)",
+        replace("{tree}/systems/h200_sxm.yaml", "  fp8: 1979\n", "  fp8: -1979\n"),
+    ),
+    Row(
         "pins-tag-is-another-version",
         BUILD_TREE,
         "pins.yaml: field 'backends.vllm': Value error, version '0.24.0' pins image tag 'v0.23.0'",

@@ -10,6 +10,7 @@ from opcollect.cases.profiles import ModelShapes
 from opcollect.plans import selection, selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
+from opcollect.plans.work import Work, causal_pairs, format_of
 
 
 class AttentionCase(NamedTuple):
@@ -23,6 +24,20 @@ class AttentionCase(NamedTuple):
     kv_cache_dtype: str
     step: int
     window_size: int
+
+
+def work(c: AttentionCase) -> Work:
+    """Context and generation alike: isl queries per sequence after step cached tokens (a generation row: one query
+    over step + 1 keys, as the runners build it), each query seeing its causal span capped by the window.
+    QK^T and PV cost 2 * head_dim FLOPs each per (query, key) pair and head, at the attention dtype's rate. Q is read
+    and O written once per query and head; K and V once per key the queries see (keys per KV head: GQA shares
+    them), at the KV cache dtype."""
+    a, kv = format_of(c.attn_dtype), format_of(c.kv_cache_dtype)
+    pairs = causal_pairs(c.isl, c.step, c.window_size)
+    keys = c.step + c.isl if not c.window_size else min(c.step + c.isl, c.isl + c.window_size - 1)
+    flops = 4.0 * c.batch_size * c.num_heads * c.head_dim * pairs
+    moved = c.batch_size * c.head_dim * (2 * c.isl * c.num_heads * a.act + 2 * keys * c.num_key_value_heads * kv.act)
+    return Work({a.peak: flops}, moved)
 
 
 def head_configs(grid: AttentionGrid, shapes: Mapping[str, ModelShapes]):
@@ -285,6 +300,7 @@ CONTEXT = OpPlan(
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     case_dispatch={"vllm": _vllm_case, "sglang": _sglang_context_case, "trtllm": _trtllm_case},
     cost=_context_cost,
+    work=work,
 )
 
 GENERATION = OpPlan(
@@ -299,4 +315,5 @@ GENERATION = OpPlan(
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     case_dispatch={"vllm": _vllm_case, "sglang": _sglang_generation_case, "trtllm": _trtllm_case},
     cost=_generation_cost,
+    work=work,
 )

@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from opcollect.cases.profiles import ModelShapes
+from opcollect.plans.work import Work
 from opcollect.runtime.planfile import id_template
 
 
@@ -127,6 +128,12 @@ class OpPlan:
     columns: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # per backend: the dispatch of each case, refining its group's (skips decide on the group's)
     case_dispatch: Mapping[str, CaseDispatch] = field(default_factory=dict)
+    # latency is a difference of two timings (compute_scale: dynamic less static quant, clipped at 0 as the reference
+    # does): the value rules (tables/values.py) admit a latency of exactly 0 for it, a timed kernel's must be positive
+    latency_is_difference: bool = False
+    # the least work of one case (plans/work.py), for the speed-of-light bound (tables/physics.py, check R8);
+    # None, or None for a case: no bound (compute_scale's latency is a difference of two timings, which may be 0)
+    work: Callable[[NamedTuple], Work | None] | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:

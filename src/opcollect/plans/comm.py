@@ -14,6 +14,7 @@ from opcollect.cases.grids import CommGrid, CustomAllreduceGrid
 from opcollect.cases.profiles import ModelShapes
 from opcollect.names import BACKENDS
 from opcollect.plans.base import Group, OpPlan, make_groups
+from opcollect.plans.work import Work
 from opcollect.runtime.dtypes import message_bytes
 
 
@@ -22,6 +23,23 @@ class CommCase(NamedTuple):
     op_name: str  # the collective: all_reduce, all_gather, reduce_scatter, alltoall
     num_gpus: int
     message_size: int  # elements of nccl_dtype
+
+
+def link_bytes(collective: str, buffer_bytes: int, gpus: int) -> float:
+    """Bytes each GPU must send one way for a collective over a buffer of nccl-tests' size S (comm module doc).
+
+    all_reduce: every element's sum needs this GPU's value, so all S leave it once, even when a switch reduces
+    (NVLink SHARP); nccl-tests' bus bandwidth 2(n-1)/n * S / t may thus reach 2(n-1)/n times the link's, as the
+    H200's 8-GPU all_reduce does (about 470 GB/s over 450 GB/s links). all_gather, reduce_scatter, alltoall: the
+    (n-1)/n of S that other GPUs hold or need crosses the link, so their bus bandwidth (n-1)/n * S / t stays
+    within the link's."""
+    if gpus <= 1:
+        return 0.0
+    return float(buffer_bytes) if collective == "all_reduce" else buffer_bytes * (gpus - 1) / gpus
+
+
+def work(c: CommCase) -> Work:
+    return Work({}, 0.0, link_bytes(c.op_name, message_bytes(c.nccl_dtype, c.message_size), c.num_gpus), c.num_gpus)
 
 
 def expand(grid: CommGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
@@ -58,6 +76,7 @@ PLAN = OpPlan(
     dispatch={backend: _dispatch for backend in BACKENDS},
     cost=lambda c: float(message_bytes(c.nccl_dtype, c.message_size)) * c.num_gpus,
     batch_key={backend: _one_process_group for backend in BACKENDS},
+    work=work,
 )
 
 
@@ -78,6 +97,11 @@ class CustomAllreduceCase(NamedTuple):
     num_gpus: int
     message_size: int  # elements of allreduce_dtype
     backend: str  # the variant (VARIANTS); TRT-LLM's table names this column implementation
+
+
+def work_custom(c: CustomAllreduceCase) -> Work:
+    size = message_bytes(c.allreduce_dtype, c.message_size)
+    return Work({}, 0.0, link_bytes("all_reduce", size, c.num_gpus), c.num_gpus)
 
 
 def expand_custom(grid: CustomAllreduceGrid, shapes: Mapping[str, ModelShapes]) -> list[Group]:
@@ -117,4 +141,5 @@ CUSTOM_ALLREDUCE = OpPlan(
     batch_key={backend: _one_custom_process_group for backend in BACKENDS},
     after_latency=("backend",),
     columns={"trtllm": {"backend": "implementation"}},
+    work=work_custom,
 )

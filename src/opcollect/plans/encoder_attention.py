@@ -15,6 +15,7 @@ from opcollect.cases.grids import EncoderAttentionGrid
 from opcollect.cases.profiles import ModelShapes
 from opcollect.plans.base import Group, OpPlan, make_groups
 from opcollect.plans.gemm import model_origins
+from opcollect.plans.work import Work, format_of
 
 
 class EncoderAttentionCase(NamedTuple):
@@ -23,6 +24,14 @@ class EncoderAttentionCase(NamedTuple):
     num_heads: int
     head_dim: int
     attn_dtype: str
+
+
+def work(c: EncoderAttentionCase) -> Work:
+    """Non-causal: every query sees all isl keys, 4 * head_dim FLOPs per (query, key) pair and head (QK^T, PV);
+    Q, K, V read and O written once, all num_heads wide (no KV cache, no GQA)."""
+    f = format_of(c.attn_dtype)
+    flops = 4.0 * c.batch_size * c.num_heads * c.head_dim * c.isl * c.isl
+    return Work({f.peak: flops}, 4 * c.batch_size * c.isl * c.num_heads * c.head_dim * f.act)
 
 
 SHAPE_FIELDS = ("num_heads", "head_dim")
@@ -126,4 +135,5 @@ PLAN = OpPlan(
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     cost=_cost,
+    work=work,
 )

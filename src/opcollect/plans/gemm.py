@@ -9,6 +9,7 @@ from opcollect.cases.grids import GemmGrid
 from opcollect.cases.profiles import ModelShapes
 from opcollect.plans import selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
+from opcollect.plans.work import Work, format_of
 
 
 class GemmCase(NamedTuple):
@@ -16,6 +17,15 @@ class GemmCase(NamedTuple):
     m: int
     n: int
     k: int
+
+
+def work(c: GemmCase) -> Work:
+    """2mnk FLOPs at the dtype's rate; x [m, k] and w [n, k] read once and out [m, n] written once (bf16, fp32 for
+    a fp32 GEMM). The bytes count HBM traffic: an x that stays in a warm L2 between calls moves less, which is
+    what a row under this bound shows (the harness keeps the L2 cold: runtime/timing.py)."""
+    f = format_of(c.gemm_dtype)
+    out = 4 if c.gemm_dtype == "float32" else 2
+    return Work({f.peak: 2.0 * c.m * c.n * c.k}, c.m * c.k * f.act + c.n * c.k * f.weight + c.m * c.n * out)
 
 
 def model_origins(grid_keys: set, shapes: Mapping[str, ModelShapes], attr: str) -> dict[tuple, frozenset[str]]:
@@ -167,4 +177,5 @@ PLAN = OpPlan(
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     cost=lambda c: 2.0 * c.m * c.n * c.k + 2.0 * c.n * c.k,
     case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case},
+    work=work,
 )

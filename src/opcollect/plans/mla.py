@@ -12,6 +12,7 @@ from opcollect.cases.profiles import ModelShapes
 from opcollect.plans import selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
 from opcollect.plans.gemm import model_origins
+from opcollect.plans.work import Work, causal_pairs, format_of
 
 
 class MlaCase(NamedTuple):
@@ -22,6 +23,39 @@ class MlaCase(NamedTuple):
     isl: int
     tp_size: int
     step: int
+
+
+# DeepSeek-V3's MLA per head (cases/models/DeepseekV3ForCausalLM.yaml): keys qk_nope 128 + rope 64, values 128,
+# and the 512-wide latent (kv_lora) that the cache keeps with the 64-wide rope key
+QK_NOPE, QK_ROPE, V_HEAD, KV_LORA = 128, 64, 128, 512
+LATENT = KV_LORA + QK_ROPE  # 576: one cached token
+
+
+def attention_work(c, kv_bytes: float, act_bytes: float) -> tuple[float, float, float]:
+    """(pair FLOPs, kv_b FLOPs, bytes) of MLA's attention, each the least of its two legal forms.
+
+    Expanded (prefill's form): QK^T over 192 and PV over 128 per (query, key) pair and head, 2 * 320 FLOPs, after
+    kv_b expands each key's latent into K and V (2 * 512 * 256 FLOPs per key and head). Absorbed (decode's): W_UK
+    and W_UV applied per query instead (the same 2 * 512 * 256 per query and head), then QK^T over 576 and PV over
+    512 (2 * 1088 per pair and head). The least pair cost is the expanded one's, the least kv_b cost the absorbed
+    one's (a query per key at most); their sum is below either form. Causal span as attention's (isl queries after
+    step cached tokens). Q (192 wide) is read and O (128 wide) written once per query and head; each key crosses
+    memory once, as its latent or its expanded K and V, whichever is smaller."""
+    heads = c.num_heads * c.batch_size
+    pairs = heads * 2.0 * (QK_NOPE + QK_ROPE + V_HEAD) * causal_pairs(c.isl, c.step, 0)
+    kv_b = heads * c.isl * 2.0 * KV_LORA * (QK_NOPE + V_HEAD)
+    per_key = min(LATENT, c.num_heads * (QK_NOPE + QK_ROPE + V_HEAD))
+    keys = c.batch_size * (c.step + c.isl)
+    moved = heads * c.isl * (QK_NOPE + QK_ROPE + V_HEAD) * act_bytes + keys * per_key * kv_bytes
+    return pairs, kv_b, moved
+
+
+def work(c: MlaCase) -> Work:
+    """The MLA kernel alone (attention_work) at the MLA dtype's rate: kv_b is outside it (the kernel may be handed
+    K and V expanded, or the query absorbed)."""
+    a = format_of(c.mla_dtype)
+    pairs, _, moved = attention_work(c, format_of(c.kv_cache_dtype).act, a.act)
+    return Work({a.peak: pairs}, moved)
 
 
 def rank_labels(totals, tp_sizes) -> dict[int, int]:
@@ -161,6 +195,7 @@ def _mla_plan(name: str, table: str, op_name: str, expand, cost, sglang) -> OpPl
         tp_sizes=lambda grid: tuple(grid.tp_size),
         dispatch={"torch": _torch, "vllm": _vllm, "sglang": sglang, "trtllm": _trtllm},
         cost=cost,
+        work=work,
     )
 
 

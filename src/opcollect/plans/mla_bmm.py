@@ -12,6 +12,7 @@ from typing import Mapping, NamedTuple
 from opcollect.cases.grids import MlaBmmGrid
 from opcollect.cases.profiles import ModelShapes
 from opcollect.plans.base import Group, OpPlan, make_groups
+from opcollect.plans.work import Work, format_of
 
 QK_NOPE, KV_LORA, V_HEAD = 128, 512, 128
 # (in, out) width per head of each BMM
@@ -23,6 +24,17 @@ class MlaBmmCase(NamedTuple):
     bmm_dtype: str
     num_tokens: int
     num_heads: int  # per rank
+
+
+def work(c: MlaBmmCase) -> Work:
+    """Per head a [tokens, in] x [in, out] product: 2 * in * out FLOPs per token and head at the BMM dtype's rate;
+    the activation read and the weight read once at the BMM dtype's width, the output written once in bf16."""
+    f = format_of(c.bmm_dtype)
+    d_in, d_out = WIDTHS.get(c.op_name, (KV_LORA, KV_LORA))
+    heads = c.num_heads
+    flops = 2.0 * heads * c.num_tokens * d_in * d_out
+    moved = heads * (c.num_tokens * d_in * f.act + d_in * d_out * f.weight + c.num_tokens * d_out * 2)
+    return Work({f.peak: flops}, moved)
 
 
 def rank_heads(shapes: Mapping[str, ModelShapes], tp_sizes: list[int]) -> dict[int, set[str]]:
@@ -97,4 +109,5 @@ PLAN = OpPlan(
     tp_sizes=lambda grid: tuple(grid.model_tp_sizes),
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     cost=_cost,
+    work=work,
 )

@@ -13,6 +13,7 @@ from opcollect.cases.grids import ContextMlaModuleGrid, GenerationMlaModuleGrid,
 from opcollect.names import BACKENDS
 from opcollect.plans import mla, selection
 from opcollect.plans.base import Group, OpPlan, make_groups, refines
+from opcollect.plans.work import Work, format_of
 
 
 class MlaModuleCase(NamedTuple):
@@ -26,6 +27,37 @@ class MlaModuleCase(NamedTuple):
     isl: int
     tp_size: int
     step: int
+
+
+# (hidden_size, q_lora_rank) of each architecture whose module the grids time (cases/models/<architecture>.yaml);
+# its MLA heads are DeepSeek-V3's (plans/mla.py)
+PROJECTIONS = {"DeepseekV3ForCausalLM": (7168, 1536)}
+
+
+def work(c: MlaModuleCase) -> Work | None:
+    """The kernel's attention (plans/mla.py attention_work) plus the module's projections for the b * isl tokens
+    on the rank: the fused q_a + kv_a [hidden -> q_lora + 576] (replicated), q_b [q_lora -> heads * 192], kv_b's
+    least cost and o [heads * 128 -> hidden], 2 FLOPs per weight per token at gemm_type's rate (kv_b too: its rate
+    is at least bf16's). Every projection's weights are read once at gemm_type's width, the hidden states read and
+    written once in bf16. None for an architecture without its dimensions here: no bound."""
+    dims = PROJECTIONS.get(c.architecture)
+    if dims is None:
+        return None
+    hidden, q_lora = dims
+    g, a = format_of(c.gemm_type), format_of(c.mla_dtype)
+    pairs, kv_b, moved = mla.attention_work(c, format_of(c.kv_cache_dtype).act, a.act)
+    heads = c.num_heads
+    weights = (
+        hidden * (q_lora + mla.LATENT)
+        + q_lora * heads * (mla.QK_NOPE + mla.QK_ROPE)
+        + mla.KV_LORA * heads * (mla.QK_NOPE + mla.V_HEAD)
+        + heads * mla.V_HEAD * hidden
+    )
+    tokens = c.batch_size * c.isl
+    projections = 2.0 * tokens * (weights - mla.KV_LORA * heads * (mla.QK_NOPE + mla.V_HEAD))
+    flops = {g.peak: projections + kv_b}
+    flops[a.peak] = flops.get(a.peak, 0.0) + pairs
+    return Work(flops, weights * g.weight + tokens * hidden * 2 * 2 + moved)
 
 
 def _expand(op: str, grid: MlaModuleGrid, lengths: list[int], context: bool) -> list[Group]:
@@ -79,6 +111,7 @@ def _plan(name: str, table: str, expand, cost, case_dispatch) -> OpPlan:
         dispatch={backend: _vllm if backend == "vllm" else mla.CONTEXT.dispatch[backend] for backend in BACKENDS},
         cost=cost,
         case_dispatch=case_dispatch,
+        work=work,
     )
 
 

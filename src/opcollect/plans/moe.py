@@ -11,6 +11,7 @@ from opcollect.names import SGLANG_MOE_LABELS
 from opcollect.plans import selection, selection_sglang
 from opcollect.plans.base import Group, OpPlan, make_groups, refines, sm_at_least
 from opcollect.plans.gemm import model_origins
+from opcollect.plans.work import Work, format_of
 
 
 class MoeCase(NamedTuple):
@@ -23,6 +24,32 @@ class MoeCase(NamedTuple):
     moe_tp_size: int
     moe_ep_size: int
     distribution: str
+
+
+def rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int]:
+    """(token-expert pairs, distinct experts) on EP rank 0, the timed rank, at least.
+
+    Each token takes topk distinct experts, tokens * topk pairs in all; rank 0 is taken to carry at least its
+    mean share of them (the reference's power law puts its busiest rank first, backends/torch/routing.py; its
+    balanced logits aim at an even spread), over at least pairs / tokens experts (an expert takes a token once).
+    Nothing more is assumed of the spread: a framework's own router re-picks experts from the logits (DeepSeek's
+    grouped top-k keeps 4 of 8 groups), and the reference's balanced DeepSeek rows read about 150 of 256 experts'
+    weights, not all of them.
+    """
+    pairs = tokens * topk // ep
+    return pairs, min(experts // ep, -(-pairs // tokens))
+
+
+def work(c: MoeCase) -> Work:
+    """Rank 0's routed pairs (rank0_load) each through the expert MLP: gate and up [H -> 2I/tp] and down
+    [I/tp -> H], or up and down for a non-gated (ReLU2) expert, 2 FLOPs per weight per pair; each expert that
+    takes a token has its weights read once, and each token routed here is read and written once (bf16 out)."""
+    f = format_of(c.moe_dtype)
+    pairs, touched = rank0_load(c.num_tokens, c.num_experts, c.topk, c.moe_ep_size)
+    matrices = 2 if _nemotron_h(c) else 3
+    expert = matrices * c.hidden_size * (c.inter_size // c.moe_tp_size)  # weights of one expert on this rank
+    rows = -(-pairs // min(c.topk, c.num_experts // c.moe_ep_size))  # tokens with a pair here, at least
+    return Work({f.peak: 2.0 * pairs * expert}, touched * expert * f.weight + rows * c.hidden_size * (f.act + 2))
 
 
 # Per-rank inter_size must be a whole number of weight blocks: 128x128 block-scaled fp8 experts refuse anything
@@ -306,4 +333,5 @@ PLAN = OpPlan(
     dispatch={"torch": _torch, "vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm},
     case_dispatch={"vllm": _vllm_case, "sglang": _sglang_case, "trtllm": _trtllm_case},
     cost=_cost,
+    work=work,
 )

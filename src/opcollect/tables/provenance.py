@@ -43,6 +43,15 @@ class Runtime(_Strict):
     driver: str | None
 
 
+class HostFigures(_Strict):
+    """What the CPU workers' probe measured (runtime/hostprobe.py), the highest over workers: check R8's figures
+    for a CPU table."""
+
+    dense_tflops: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(min_length=1)
+    bandwidth_bytes_per_s: int = Field(gt=0)
+    cache_bytes: int | None = Field(default=None, gt=0)
+
+
 class System(_Strict):
     name: str
     device: str
@@ -50,6 +59,7 @@ class System(_Strict):
     gpus: int = Field(ge=1)
     sm_clock_mhz: float | None
     clocks_locked: bool | None
+    host_figures: HostFigures | None = None  # a CPU run's; None on a GPU (systems/*.yaml has its figures)
 
 
 class Event(_Strict):
