@@ -192,3 +192,53 @@ def test_a_version_or_image_is_matched_whole(tmp_path, args, message):
 
     with pytest.raises(InputError, match=re.escape(message)):
         check_request(_pins_copy(tmp_path), BumpRequest("trtllm", args[1], args[3]))
+
+
+def test_a_recollection_adds_the_rows_that_moved_to_the_re_check_list(repo, tmp_path):
+    """After the bump, `bump --moved TABLES` compares every vllm table at the old version with the new one and
+    lists the rows that really moved (beyond both rows' p25-p75 noise) under the re-check list, nothing else."""
+    from conftest import fake_run
+
+    from opcollect.plans.gemm import GemmCase
+    from opcollect.project import find_project
+    from opcollect.tables.merge import merge
+
+    image = f"vllm/vllm-openai:v0.25.0@{DIGEST}"
+    assert run_cli("bump", "vllm", "--version", "0.25.0", "--image", image, "--root", str(repo)).returncode == 0
+    report = repo / "docs/bumps/vllm-0.25.0.md"
+    assert "`opcollect bump vllm --version 0.25.0 --moved TABLES` adds here the rows" in report.read_text()
+    before = report.read_text()
+
+    cases = [GemmCase("bfloat16", m, n, 4096) for m in (1, 16, 256) for n in (1024, 4096)]
+    slow = {(16, 1024), (256, 4096)}
+    tables = tmp_path / "tables"
+    say = lambda line: None  # noqa: E731
+    merge([fake_run(tmp_path / "old", cases, version="0.24.0")], tables, find_project(), say=say)
+    latency_of = lambda c: 1.2 if (c.m, c.n) in slow else 1.0  # noqa: E731
+    new = fake_run(tmp_path / "new", cases, version="0.25.0", run_id="r2", latency_of=latency_of)
+    merge([new], tables, find_project(), say=say)
+
+    for _ in range(2):  # a second re-collection's rows replace the first's
+        done = run_cli("bump", "vllm", "--version", "0.25.0", "--moved", str(tables), "--root", str(repo))
+        assert done.returncode == 0, done.stdout + done.stderr
+    text = report.read_text()
+    assert text.startswith(before.rstrip("\n")) and text.count("### Rows that moved") == 1
+    section = text.split("### Rows that moved (0.24.0 -> 0.25.0)\n", 1)[1]
+    assert section.strip() in done.stdout
+    assert "| h200_sxm/gemm/vllm/gemm_perf | 6 | 4 | 0 | 2 | 0 |" in section
+    listed = re.findall(r"^- `op_name=gemm,gemm_dtype=bfloat16,m=(\d+),n=(\d+),k=4096`: slower x1\.200", section, re.M)
+    assert {(int(m), int(n)) for m, n in listed} == slow and len(listed) == 2
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
+    # the contract check's wheels go to .cache/ (beside the checkout's own, which git ignores there)
+    assert sorted(line for line in status if not line.startswith("?? .cache/")) == [
+        " M pins.yaml",
+        "?? docs/bumps/vllm-0.25.0.md",
+    ]
+    # no report of that version, no tables of the old one: one line each, exit 2, nothing written
+    none = run_cli("bump", "vllm", "--version", "0.26.0", "--moved", str(tables), "--root", str(repo))
+    assert none.returncode == 2 and none.stderr.count("\n") == 1 and "vllm-0.26.0.md: no bump report" in none.stderr
+    empty = run_cli("bump", "vllm", "--version", "0.25.0", "--moved", str(tmp_path), "--root", str(repo))
+    assert empty.returncode == 2 and empty.stderr.count("\n") == 1, empty.stderr
+    assert "no vllm 0.24.0 table with a 0.25.0 counterpart" in empty.stderr and report.read_text() == text
+    both = run_cli("bump", "vllm", "--version", "0.25.0", "--moved", str(tables), "--image", image, "--root", str(repo))
+    assert both.returncode == 2 and "no --image" in both.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from opcollect.cli.tables import add_verdict_flags, thresholds_of
 from opcollect.errors import InputError
 
 
@@ -123,19 +124,38 @@ def _add_bump(sub) -> None:
     p = sub.add_parser("bump", help="move a backend's pin to a new framework version, with its report")
     p.add_argument("backend", metavar="BACKEND", help="torch, vllm, sglang or trtllm")
     p.add_argument("--version", required=True, help="the framework version to pin")
-    p.add_argument("--image", required=True, metavar="REF@sha256:D", help="its image, by index digest")
+    p.add_argument("--image", metavar="REF@sha256:D", help="its image, by index digest")
     p.add_argument("--keep-old", action="store_true", help="keep the previous version's entry (TensorRT-LLM keeps two)")
     p.add_argument("--allow-downgrade", action="store_true", help="pin a version older than the current one")
     p.add_argument("--resolve", action="store_true", help="ask the registry for --image's (repo:tag) index digest")
     p.add_argument("--root", type=Path, help="the opcollect checkout (default: the one this package is in)")
+    p.add_argument(
+        "--moved",
+        nargs="+",
+        type=Path,
+        metavar="TABLES",
+        help="after the bump and a collection of the new version: add the rows that moved since the old version "
+        "to the report (TABLES holding both versions, or OLD_TABLES NEW_TABLES)",
+    )
+    add_verdict_flags(p)
     p.set_defaults(func=cmd_bump)
 
 
 def cmd_bump(args) -> int:
     from opcollect.images.bump import BumpRequest
-    from opcollect.images.bump_report import apply_bump
+    from opcollect.images.bump_report import apply_bump, apply_moved
     from opcollect.project import find_project
 
+    if args.moved:
+        if len(args.moved) > 2 or args.image:
+            raise InputError("bump --moved: give TABLES or OLD_TABLES NEW_TABLES, and no --image (already pinned)")
+        tree, thresholds = find_project(args.root), thresholds_of(args)
+        section, path = apply_moved(tree, args.backend, args.version, *args.moved, thresholds=thresholds)
+        print(section)
+        print(f"wrote {path}")
+        return 0
+    if not args.image:
+        raise InputError(f"bump {args.backend}: --image REF@sha256:D is required to move the pin")
     request = BumpRequest(args.backend, args.version, args.image, args.keep_old, args.allow_downgrade, args.resolve)
     tree = find_project(args.root)
     text, path = apply_bump(tree, request)

@@ -1,6 +1,10 @@
 """The report of a pin bump (markdown, printed and written beside the pins): the pins diff, the plan diff at every
 SM between the old and the new version, the contract check against the new release, and the re-check list.
 
+Once the new version is collected, `opcollect bump BACKEND --version V --moved TABLES` adds to the re-check list the
+rows that really moved: every table of the backend at the old version against its counterpart at V, each shared
+key classified same, faster, slower or ambiguous from the two rows' p25-p75 intervals (tables/noise.py).
+
 A plan depends on the framework version through the runners' version routes: at a version, the cases that run
 are those whose (op, dispatch) has a runner serving that version (Registry.find), so a version no runner was
 checked against plans nothing for those ops until the runners are extended.
@@ -9,6 +13,7 @@ checked against plans nothing for those ops until the runners are extended.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from opcollect.names import GPU_SMS
 from opcollect.plans.planner import Planner
 from opcollect.project import ProjectTree
 from opcollect.runtime.contract import KernelLimit
+from opcollect.tables.noise import AMBIGUOUS, DEFAULT_THRESHOLDS, FASTER, SAME, SLOWER, Thresholds
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,12 @@ def render(bumped: Bumped, changes: list[PlanChange], contract: list[str], reche
         lines += [f"- `{m.path}:{m.line}` ({m.backend}=={m.version}): {m.text}" for m in rechecks]
     else:
         lines.append(f"No marker of {bumped.backend} is behind {bumped.new_version}.")
+    lines += [
+        "",
+        f"Rows: once {bumped.backend} {bumped.new_version} is collected into a TABLES tree that holds the "
+        f"{bumped.old_version} tables too, `opcollect bump {bumped.backend} --version {bumped.new_version} --moved "
+        "TABLES` adds here the rows that really moved: faster or slower beyond both rows' p25-p75 noise.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -157,3 +169,72 @@ def apply_bump(tree: ProjectTree, request: BumpRequest) -> tuple[str, Path]:
     write_atomic(path, text)
     write_atomic(tree.pins, bumped.after)
     return text, path
+
+
+MOVED_HEADING = "### Rows that moved"
+VERDICT_COLUMNS = (SAME, FASTER, SLOWER, AMBIGUOUS)
+MOVED_SHOWN = 50  # rows listed per table; the counts give the rest
+_HEADER = re.compile(r"# Pin bump: (\S+) (\S+) -> (\S+)")
+
+
+def moved_section(old_tables: Path, new_tables: Path, backend: str, old: str, new: str, thresholds: Thresholds) -> str:
+    """Counts per table and the rows that moved, every table of ``backend`` at ``old`` against ``new``."""
+    from opcollect.tables.compare import compare_tables, describe_change, render_counts, version_pairs
+
+    pairs = version_pairs(old_tables, new_tables, backend, old, new)
+    if not pairs:
+        raise InputError(
+            f"{old_tables}: no {backend} {old} table with a {new} counterpart under {new_tables} "
+            f"(<system>/<family>/{backend}/<version>/<table>_perf.parquet); collect {backend} {new} there first"
+        )
+    compared = [(before, compare_tables(before, after, thresholds=thresholds)) for before, after in pairs]
+    same_tree = Path(old_tables).resolve() == Path(new_tables).resolve()
+    where = f"{old_tables}" if same_tree else f"{old_tables} against {new_tables}"
+    lines = [
+        f"{MOVED_HEADING} ({old} -> {new})",
+        "",
+        f"{where}: {len(compared)} {'table' if len(compared) == 1 else 'tables'}; {thresholds.describe()}.",
+        "",
+        "| table | shared | same | faster | slower | ambiguous |",
+        "|---|---|---|---|---|---|",
+    ]
+    names = [str(before.relative_to(old_tables).parent.parent / before.stem) for before, _ in compared]
+    for name, (_, c) in zip(names, compared):
+        counts = c.counts
+        lines.append(f"| {name} | {c.shared} | " + " | ".join(str(counts[v]) for v in VERDICT_COLUMNS) + " |")
+    moved = [(name, c) for name, (_, c) in zip(names, compared) if c.changes]
+    lines += ["", "Re-check these rows, the largest change first:" if moved else "No row moved beyond its noise."]
+    for name, c in moved:
+        lines += ["", f"{name}: {render_counts(c)}", ""]
+        lines += [f"- `{r.key}`: {describe_change(r)}" for r in c.changes[:MOVED_SHOWN]]
+        if len(c.changes) > MOVED_SHOWN:
+            lines.append(f"- and {len(c.changes) - MOVED_SHOWN} more: `opcollect compare` the two tables")
+    return "\n".join(lines) + "\n"
+
+
+def apply_moved(
+    tree: ProjectTree,
+    backend: str,
+    version: str,
+    old_tables: Path,
+    new_tables: Path | None = None,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> tuple[str, Path]:
+    """Add (or replace) the rows that moved in the bump report of ``backend`` ``version``; (section, report path).
+    The old version is the one the report bumped from; NEW_TABLES defaults to OLD_TABLES (both versions merged into
+    one tree)."""
+    check_names(BumpRequest(backend, version, ""))
+    path = report_path(tree, backend, version)
+    check_report_path(tree, path)
+    if not path.is_file():
+        raise InputError(
+            f"{path}: no bump report; bump first (opcollect bump {backend} --version {version} --image REF@sha256:D)"
+        )
+    text = path.read_text()
+    header = _HEADER.fullmatch(text.split("\n", 1)[0])
+    if header is None or header.group(1) != backend or header.group(3) != version:
+        raise InputError(f"{path}: its first line is no '# Pin bump: {backend} OLD -> {version}'; bump again")
+    section = moved_section(old_tables, new_tables or old_tables, backend, header.group(2), version, thresholds)
+    kept = text.split(f"\n{MOVED_HEADING}", 1)[0].rstrip("\n")  # an earlier re-collection's rows are replaced
+    write_atomic(path, f"{kept}\n\n{section}")
+    return section, path
