@@ -43,6 +43,7 @@ def test_layout_columns_and_sidecar(tmp_path):
     ]
     assert sorted(p.name for p in (tables / DIR / ".opcollect").iterdir()) == [
         "gemm_failures.parquet",
+        "gemm_kernels.parquet",  # the kernels each row ran (tables/observed.py)
         "gemm_plan.parquet",
         "provenance.yaml",
     ]

@@ -281,7 +281,8 @@ def test_the_dry_run_runs_once_even_without_a_profiler(monkeypatch):
 
     monkeypatch.setattr(torch.profiler, "profile", no_profiler)
     calls = []
-    assert ar._run_profiled(lambda: calls.append(1)) is None
+    launched = ar.observe(lambda: calls.append(1), "cuda:0")
+    assert launched.kernels is None and "CUPTI unavailable" in launched.why
     assert calls == [1]
 
 

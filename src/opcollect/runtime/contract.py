@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from opcollect.runtime.harness import Stats
+from opcollect.runtime.observe import Observed
 
 
 class KernelLimit(Exception):
@@ -36,6 +37,9 @@ class Measured:
     # read from the objects it built, and what the framework's selection, as the runner models it, predicted
     ran: str | None = None
     expected: str | None = None
+    # the kernels (ATen ops on the CPU) one more call launched after the samples (runtime/observe.py); None: a row
+    # runner that does not observe
+    observed: Observed | None = None
 
 
 class Backend(Protocol):

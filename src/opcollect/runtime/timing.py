@@ -16,6 +16,7 @@ from opcollect.runtime.harness import (
     sample_until_stable,
     summarize,
 )
+from opcollect.runtime.observe import observe
 
 # the working set of one graph replay should be at least this many L2 sizes, so inputs come from HBM
 L2_MULTIPLE = 3
@@ -183,21 +184,30 @@ def measure_cases(runner, dispatch: str, cases: list, device: str, config: Timin
         return runner.measure_row(cases, device, config)
     results = []
     for case in cases:
+        built: list[Prepared] = []
         stats, kernel = measure(
-            partial(runner.prepare, case, dispatch, device),
+            partial(_kept, built, partial(runner.prepare, case, dispatch, device)),
             runner.footprint(case),
             device,
             config,
             first_case=_measured_cases == 0,
         )
         _measured_cases += 1
-        results.append(Measured(stats, kernel))
+        # one more call, after the samples so the profiler cannot touch them: what it launched (runtime/observe.py)
+        results.append(Measured(stats, kernel, observed=observe(built[-1].call, device)))
+        del built
         if is_cuda(device):
             import torch
 
             # the caching allocator keeps this case's blocks; the next capacity check must see them free
             torch.cuda.empty_cache()
     return results
+
+
+def _kept(built: list, prepare: Callable[[int], Prepared], copies: int) -> Prepared:
+    """``prepare(copies)``, kept in ``built`` so the case can be observed after measure() timed it."""
+    built.append(prepare(copies))
+    return built[-1]
 
 
 def random_tensor(shape, dtype, device: str, generator_seed: int = 0):

@@ -20,6 +20,7 @@ from opcollect.runtime import lifeline
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.failures import classify
 from opcollect.runtime.harness import TimingConfig
+from opcollect.runtime.hostprobe import host_figures
 from opcollect.runtime.planfile import case_type
 
 # a case may use this share of the memory the device reports free
@@ -54,6 +55,7 @@ def run_task(backend, task: dict, device: str, config: TimingConfig) -> dict:
                     "stats": dataclasses.asdict(m.stats),
                     "kernel_source": m.kernel_source,
                     **({"ran": m.ran, "expected_ran": m.expected} if m.ran is not None else {}),
+                    **(m.observed.record() if m.observed is not None else {}),  # kernels, or why none were read
                 }
             )
     except Exception as exc:  # every failure is recorded; the worker goes on unless it is fatal
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = load_backend(args.backend, modules=(args.backend,))
     backend.setup_worker(args.device, args.threads)
     identity = {**backend.identity(args.device), "host": socket.gethostname()}
+    # the host's own figures for check R8 on the CPU, measured once after the threads are set (None on a GPU)
+    identity["host_figures"] = host_figures(args.device)
     _answer(channel, {"ready": identity})
     for line in sys.stdin:
         if line.strip():

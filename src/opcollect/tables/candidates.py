@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opcollect.tables.ingest import RunData
+from opcollect.tables.observed import attach_stored
 from opcollect.tables.schema import TableSchema, read_parquet, table_files
 from opcollect.tables.values import Fault, any_fault, key_faults, measured_faults
 
@@ -21,6 +22,9 @@ CANDIDATE_TYPES = {
     "kernel_source": pa.string(),
     "ran": pa.string(),
     "expected_ran": pa.string(),
+    "dispatch": pa.string(),
+    "kernels": pa.string(),  # the observed names, joined (tables/observed.py)
+    "kernels_unread": pa.string(),
     "latency": pa.float64(),
     "latency_p25": pa.float64(),
     "latency_p75": pa.float64(),
@@ -47,6 +51,8 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
         "dispatch",
         "ran",
         "expected_ran",
+        "kernels",
+        "kernels_unread",
         "error_class",
         "message",
         "attempt",
@@ -65,6 +71,9 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
         "kernel_source": pc.coalesce(joined["kernel_source"], joined["dispatch"]),
         "ran": joined["ran"],
         "expected_ran": joined["expected_ran"],
+        "dispatch": joined["dispatch"],
+        "kernels": joined["kernels"],
+        "kernels_unread": joined["kernels_unread"],
     }
     for name in ("latency", "latency_p25", "latency_p75", "samples", "noise", "timing", "sm_clock_mhz"):
         columns[name] = joined[f"stats.{name}"]
@@ -77,7 +86,8 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
 def admitted(candidates: pa.Table, schema: TableSchema) -> tuple[pa.Table, list[Fault]]:
     """The candidates that pass the value rules (tables/values.py), and the faults of those that do not: a
     measured row's values, and every row's key columns against its case ID."""
-    faults = measured_faults(candidates, where=candidates["ok"]) + key_faults(candidates, schema, column_of=str)
+    measured = measured_faults(candidates, where=candidates["ok"], difference=schema.op.latency_is_difference)
+    faults = measured + key_faults(candidates, schema, column_of=str)
     if not faults:
         return candidates, []
     return candidates.filter(pc.invert(any_fault(faults, candidates.num_rows))), faults
@@ -102,13 +112,12 @@ def old_candidates(directory: Path, schema: TableSchema) -> pa.Table | None:
     parts = []
     if (directory / perf_name).is_file():
         measured = ("kernel_source", "latency", "latency_p25", "latency_p75", "samples", "noise", "timing")
-        parts.append(
-            _candidates(
-                read_parquet(directory / perf_name),
-                schema,
-                {"ok": True, "recorded_at": "", "attempt": 1, **{c: c for c in measured}},
-            )
+        stored = _candidates(
+            read_parquet(directory / perf_name),
+            schema,
+            {"ok": True, "recorded_at": "", "attempt": 1, **{c: c for c in measured}},
         )
+        parts.append(attach_stored(stored, directory, schema.name))  # the kernels its rows observed
     if (directory / failures_name).is_file():
         parts.append(
             _candidates(

@@ -22,6 +22,7 @@ from opcollect.inputs import read_lines as read_lines_of
 from opcollect.plans.planfile import parse_plan, read_plan_json
 from opcollect.runtime.rundir import read_identity
 from opcollect.runtime.shards import MAX_SHARD_BYTES, SHARD_FIX, read_lines, shard_paths
+from opcollect.tables.observed import joined
 from opcollect.tables.schema import MEASURED, schema_for_op
 from opcollect.tables.values import Timestamp, any_fault, record_faults, tally
 from opcollect.yamlio import describe_validation_error
@@ -42,12 +43,23 @@ RUNTIME_FIELDS = (
     "host",
     "worker_device",
 )
+# a CPU worker's own figures (runtime/hostprobe.py), for check R8; null on a GPU and in older runs
+HOST_FIGURES = pa.struct(
+    [
+        ("dense_tflops", pa.struct([("float32", pa.float64()), ("bfloat16", pa.float64())])),
+        ("bandwidth_bytes_per_s", pa.int64()),
+        ("cache_bytes", pa.int64()),
+        ("threads", pa.int64()),
+        ("seconds", pa.float64()),
+    ]
+)
 # both kinds of shard line in one schema: a runtime line leaves the case fields null, and the reverse.
 # A record's plan_hash and collector_hash repeat run.json's; merge takes them from there, unparsed.
 RECORD = pa.schema(
     [
         ("kind", pa.string()),
         *[(name, pa.string()) for name in RUNTIME_FIELDS if name != "runtime_id"],
+        ("host_figures", HOST_FIGURES),
         ("case_id", pa.string()),
         ("op", pa.string()),
         ("status", pa.string()),
@@ -55,6 +67,8 @@ RECORD = pa.schema(
         ("dispatch", pa.string()),
         ("ran", pa.string()),
         ("expected_ran", pa.string()),
+        ("kernels", pa.list_(pa.string())),  # what ran (runtime/observe.py); absent in older runs
+        ("kernels_unread", pa.string()),
         ("error_class", pa.string()),
         ("message", pa.string()),
         ("attempt", pa.int64()),
@@ -64,7 +78,9 @@ RECORD = pa.schema(
         ("stats", STATS),
     ]
 )
-CASE_FIELDS = [name for name in RECORD.names if name not in RUNTIME_FIELDS or name == "runtime_id"]
+CASE_FIELDS = [
+    name for name in RECORD.names if (name not in RUNTIME_FIELDS or name == "runtime_id") and name != "host_figures"
+]
 
 
 @dataclass(frozen=True)
@@ -163,12 +179,14 @@ def load_run(run_dir: Path) -> RunData:
     garbage += lines.filter(pc.and_(pc.is_null(lines["case_id"]), pc.is_null(lines["kind"]))).num_rows
     # stats.latency, stats.samples, ...: flat columns, which joins can carry
     records = lines.filter(pc.is_valid(lines["case_id"])).select([c for c in CASE_FIELDS if c != "kind"]).flatten()
+    # the observed kernels as one string per record: joins carry no list column (tables/observed.py)
+    records = records.set_column(records.schema.get_field_index("kernels"), "kernels", joined(records["kernels"]))
     faults = record_faults(records)
     if faults:  # a record that fails the value rules is garbage too: merge admits none of it
         kept = records.filter(pc.invert(any_fault(faults, records.num_rows)))
         garbage += records.num_rows - kept.num_rows
         records = kept
-    announced = lines.filter(pc.equal(lines["kind"], "runtime")).select(list(RUNTIME_FIELDS)).to_pylist()
+    announced = lines.filter(pc.equal(lines["kind"], "runtime")).select([*RUNTIME_FIELDS, "host_figures"]).to_pylist()
     runtimes = {line["runtime_id"]: line for line in announced}
     events = [_read_event(p) for p in sorted((run_dir / "events").glob("*.json"))]
     return RunData(
@@ -192,6 +210,7 @@ def load_planned(plan_path: Path) -> RunData:
     plan = read_plan_json(plan_path)
     verified = parse_plan(plan_path, plan, typed=False)
     records = RECORD.empty_table().select([c for c in CASE_FIELDS if c != "kind"]).flatten()
+    records = records.set_column(records.schema.get_field_index("kernels"), "kernels", joined(records["kernels"]))
     plan_cases = _plan_tables(plan_path, plan)
     return RunData(plan_path, verified.backend, verified.plan_hash, verified.collector_hash, plan_cases, records, {},
                    [], 0)  # fmt: skip

@@ -27,7 +27,7 @@ from opcollect.errors import InputError
 from opcollect.names import framework_name, path_name
 from opcollect.plans.hashes import collector_hash
 from opcollect.project import ProjectTree
-from opcollect.tables import consumer
+from opcollect.tables import consumer, observed
 from opcollect.tables import provenance as pv
 from opcollect.tables.candidates import admitted, latest_per_case, new_candidates, old_candidates, unique_planned
 from opcollect.tables.ingest import RunData, load_planned, load_run
@@ -180,6 +180,22 @@ def _events(runs: list[RunData], op: str, chosen_new: pa.Table) -> list[pv.Event
     return events
 
 
+def _host_figures(runs: list[RunData]) -> pv.HostFigures | None:
+    """The CPU workers' probed figures (runtime/hostprobe.py), the highest of each over the workers: the bound
+    check R8 draws from them must hold for every row; None when no worker probed (a GPU run, an older run)."""
+    probed = [i["host_figures"] for r in runs for i in r.runtimes.values() if i.get("host_figures")]
+    rates: dict[str, float] = {}
+    for figures in probed:
+        for name, value in (figures.get("dense_tflops") or {}).items():
+            if value is not None and value > 0:
+                rates[name] = max(rates.get(name, 0.0), value)
+    bandwidth = max((f.get("bandwidth_bytes_per_s") or 0 for f in probed), default=0)
+    if not rates or bandwidth <= 0:
+        return None
+    caches = [f["cache_bytes"] for f in probed if f.get("cache_bytes")]
+    return pv.HostFigures(dense_tflops=rates, bandwidth_bytes_per_s=bandwidth, cache_bytes=max(caches, default=None))
+
+
 def _runtime(target: Target, runs: list[RunData]) -> pv.Runtime:
     identity = next(iter(runs[-1].runtimes.values()))
     latest = max((e for run in runs for e in run.events), key=lambda e: e["collected_at"], default={})
@@ -304,6 +320,7 @@ def _merge_table(
     chosen = latest_per_case(pa.concat_tables([old, new]) if old is not None else new)
     del new, old  # the largest tables of a merge: free them before building the outputs
     perf, failures = build_outputs(target, schema, chosen)
+    kernels = observed.extras(chosen)  # what each measured case ran, beside the table (tables/observed.py)
     del chosen
     stored = [read_parquet(old_dir / plan_name)] if (old_dir / plan_name).is_file() else []
     planned = unique_planned(
@@ -325,6 +342,7 @@ def _merge_table(
     staging.write(f"{directory}/{perf_name}", perf_bytes)
     staging.write(f"{directory}/{failures_name}", _parquet_bytes(failures))
     staging.write(f"{directory}/{plan_name}", _parquet_bytes(planned))
+    staging.write(f"{directory}/{observed.kernels_file(schema.name)}", _parquet_bytes(kernels))
     done = pa.concat_arrays([perf["case_id"].combine_chunks(), failures["case_id"].combine_chunks()])
     status = "complete" if pc.all(pc.is_in(planned["case_id"], value_set=done)).as_py() in (True, None) else "partial"
     events = {e.run_id: e for e in (previous.events if previous else [])}
@@ -394,6 +412,7 @@ def _merge_target(
                 gpus=max(1, len({i.get("worker_device") for r in runs for i in r.runtimes.values()})),
                 sm_clock_mhz=sorted(clock)[len(clock) // 2] if clock else None,
                 clocks_locked=None,
+                host_figures=_host_figures(runs),
             ),
             tables=dict(sorted(table_meta.items())),
         )

@@ -1,8 +1,9 @@
-"""`opcollect check TABLES`: the data rules R1-R7 over every table directory under TABLES.
+"""`opcollect check TABLES`: the data rules R1-R9 over every table directory under TABLES.
 
 R1 schema   each file reads as parquet; columns, types and order are the table's schema
 R2 keys     no two rows share a key
-R3 values   no nulls; the value rules merge admits rows by (tables/values.py): latency finite and positive,
+R3 values   no nulls; the value rules merge admits rows by (tables/values.py): latency finite and positive
+            (>= 0 for an op whose latency is a difference of two timings: compute_scale),
             0 <= p25 <= latency <= p75 all finite, samples >= 1, noise finite and >= 0, timing graph/eager/cpu
 R4 account  every planned case is a row or a failure (a partial table's gaps are warnings), once,
             and nothing outside the plan is present
@@ -14,6 +15,11 @@ R6 identity every row's framework, version, device and op_name match the record,
             failures) hold what its case ID names, and in a framework's
             tables every dtype column names a value the consumer knows (the torch backend's: a warning)
 R7 noise    rows noisier than the bound are counted: a warning, a failure with --strict
+R8 physics  rows faster than their system's speed-of-light bound are counted (a warning, a failure with --strict),
+            and a warning per table gives its fraction of speed of light (tables/physics.py); `check
+            --against-physics TREE` runs R8 alone over any aiconfigurator tree, legacy tables included
+R9 kernels  rows whose observed kernels contradict their kernel_source label, or whose label contradicts the plan's
+            dispatch, are counted (a warning, a failure with --strict; tables/observed.py)
 Legacy (schema 1) sidecars, like the reference tables', have no plan, hashes or identity: R1 checks their
 leading columns and latency, then R2 and R3 (latency) apply.
 """
@@ -99,7 +105,7 @@ def _r2(path: Path, table: pa.Table, schema: TableSchema) -> list[Finding]:
     return [Finding("R2", str(path), f"{dupes.num_rows} keys appear more than once", shown)]
 
 
-def _r3(path: Path, table: pa.Table) -> list[Finding]:
+def _r3(path: Path, table: pa.Table, schema: TableSchema) -> list[Finding]:
     """No nulls, and the value rules merge admits rows by (tables/values.py); a legacy table has latency alone."""
     found = []
     for name in table.column_names:
@@ -109,7 +115,8 @@ def _r3(path: Path, table: pa.Table) -> list[Finding]:
                     "R3", str(path), f"{table[name].null_count} nulls in {name}", _ids(table, pc.is_null(table[name]))
                 )
             )
-    found += [Finding(f.rule, str(path), f.what, _ids(table, f.mask)) for f in measured_faults(table)]
+    faults = measured_faults(table, difference=schema.op.latency_is_difference)
+    found += [Finding(f.rule, str(path), f.what, _ids(table, f.mask)) for f in faults]
     return found
 
 
@@ -177,7 +184,7 @@ def _check_v2(directory: Path, meta: consumer.CollectionMeta, strict: bool, nois
         found += schema_findings
         if schema_findings:  # the other rules read columns this table may lack
             continue
-        found += _r2(path, perf, schema) + _r3(path, perf)
+        found += _r2(path, perf, schema) + _r3(path, perf, schema)
         found += _r4(path, perf, failures, planned, partial=entry.status == "partial")
         if sha256_file(path) != entry.file_sha256:
             found.append(Finding("R5", str(path), "sha256 differs from the sidecar's file_sha256"))
@@ -211,6 +218,12 @@ def _check_v2(directory: Path, meta: consumer.CollectionMeta, strict: bool, nois
                     warning=not strict,
                 )
             )
+        from opcollect.tables.physics import r8_record  # physics builds on this module's Finding
+
+        found += r8_record(path, perf, schema, record, strict)
+        from opcollect.tables.observed import r9  # observed builds on this module's Finding
+
+        found += r9(path, perf, schema, record.runtime.framework, strict)
     return found
 
 
@@ -306,7 +319,7 @@ def _check_v1(directory: Path, meta: sc.SidecarV1) -> list[Finding]:
         findings = _r1(path, perf, schema.perf, legacy=True)
         found += findings
         if not findings:
-            found += _r2(path, perf, schema) + _r3(path, perf)
+            found += _r2(path, perf, schema) + _r3(path, perf, schema)
     return found
 
 

@@ -60,6 +60,7 @@ from opcollect.backends.trtllm.context import SERVED_VERSIONS
 from opcollect.runtime.contract import KernelLimit, Measured, Runner
 from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.harness import TimingConfig
+from opcollect.runtime.observe import observe
 
 KERNEL_SOURCES = {"trtllm": "TRTLLM"}  # plans/comm.py VARIANTS["trtllm"]
 RANK_START_SECONDS = 300.0  # importing tensorrt_llm, NCCL, the IPC workspace's handle exchange
@@ -224,30 +225,6 @@ def _capture(allreduce, x, calls: int):
     return graph
 
 
-def _run_profiled(call) -> list[str] | None:
-    """Run ``call()`` once, under torch's profiler where it starts, and return the names of the CUDA kernels it
-    launched (None: the profiler did not start or stop). ``call`` runs exactly once either way: it is a collective,
-    and every rank must make the same calls."""
-    import torch
-
-    try:
-        from torch.profiler import ProfilerActivity, profile
-
-        prof = profile(activities=[ProfilerActivity.CUDA])
-        prof.start()
-    except Exception:
-        prof = None
-    call()
-    torch.cuda.synchronize()
-    if prof is None:
-        return None
-    try:
-        prof.stop()
-        return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-    except Exception:
-        return None
-
-
 def _agreed_capture(allreduce, x, cpu_group):
     """(capture, why not): ``capture(n)`` for time_all_reduce when every rank captured a probe graph, else None and
     the reason, so that all ranks time eager calls together. The probe is not replayed before the ranks agree: a
@@ -283,8 +260,8 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
     source = kernel_label(allreduce.strategy.name, mapping.tp_size, case["num_gpus"])
     # the reference's dry run outside the graph (:173): NCCL's lazy communicator, the Lamport buffers; profiled, so
     # its kernels say which strategy AUTO resolved to for this size
-    launched = _run_profiled(lambda: allreduce(x))
-    ran = strategy_ran(launched) if launched is not None else "unread"  # no profiler: the timing is unaffected
+    launched = observe(lambda: allreduce(x), device)  # the call runs once, profiled or not
+    ran = strategy_ran(launched.kernels) if launched.kernels is not None else "unread"  # the timing is unaffected
     # The same input every call: AllReduce is out of place (ops.py:793-796), so it stays intact.
     capture, eager_reason = _agreed_capture(allreduce, x, cpu_group)
     stats = time_all_reduce(lambda: allreduce(x), capture, cpu_group, config)
@@ -294,7 +271,8 @@ def _time_one(case: dict, device: str, config: TimingConfig, cpu_group) -> Measu
             f"custom_allreduce trtllm {case['message_size']} elements: TensorRT-LLM ran {communicator}",
             file=sys.stderr,
         )
-    return Measured(stats, source, ran=communicator)  # AUTO resolves in C++ per call: no prediction to hold it to
+    # AUTO resolves in C++ per call: no prediction to hold it to; the dry run's kernels are the row's observed ones
+    return Measured(stats, source, ran=communicator, observed=launched)
 
 
 RUNNERS = {"custom_allreduce": (Runner(footprint, measure_row=measure_row, versions=SERVED_VERSIONS),)}

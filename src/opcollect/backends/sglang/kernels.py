@@ -1,0 +1,55 @@
+"""What the SGLang backend's kernel_source labels mean in CUDA kernel names (backends/kernels.py).
+
+Names as the kernels are called in SGLang 0.5.14 and sglang-kernel 0.4.4 (the wheels under .cache/wheels; the
+libraries' symbols demangled, the Triton and JIT sources read; paths relative to the sglang wheel):
+- sgl_kernel/flash_ops.abi3.so: cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<..>>>
+  (FA3: the fa3 attention backend, the MLA backend, the vision tower's flash_attention_v3).
+- sgl_kernel/sm90/common_ops.abi3.so: cutlass_3x_gemm_sm90_fp8<..> (fp8_scaled_mm), per_token_quant_fp8_kernel and
+  per_token_quant_fp8_small_batch_kernel (sgl_per_token_quant_fp8), bmm_fp8 through cuBLASLt.
+- Triton (srt/layers/): scaled_mm_kernel (quantization/fp8_kernel.py:2049), _w8a8_block_fp8_matmul (:876, :968),
+  _static_quant_fp8 (:767), fused_moe_kernel (moe/moe_runner/triton_utils/fused_moe_triton_kernels.py:324), the
+  triton attention backend's _fwd_kernel (attention/triton_ops/extend_attention.py:240) and _fwd_kernel_stage1/
+  _fwd_grouped_kernel_stage1/_fwd_kernel_stage2 (decode_attention.py:45, :253, :523).
+- JIT: device::marlin::Marlin (jit_kernel/csrc/gemm/marlin/marlin_template.h:54, gptq_marlin_gemm) and the MoE
+  Marlin of jit_kernel/moe_wna16_marlin.py; DeepGEMM's deep_gemm::sm90_fp8_gemm_* (deep_gemm.gemm_nt_f8f8bf16).
+- FlashInfer's CUTLASS fused MoE is TensorRT-LLM's cutlass MoE (CUTLASS grouped GEMMs, expandInputRowsKernel,
+  finalizeMoeRoutingKernel).
+- cuBLAS (torch linear and bmm): sm90_xmma_gemm_*, nvjet_*, cutlass_*, *gemv*.
+"""
+
+from __future__ import annotations
+
+from opcollect.backends.kernels import Meaning
+
+CUBLAS = r"gemm|gemv|nvjet|xmma|cutlass|splitKreduce"
+FA3 = r"FlashAttnFwdSm90"
+ROW_RUNNER = "a row runner: it times the op on every rank at once and observes no kernels"
+
+KERNELS = {
+    # gemm
+    "sglang_torch_linear": Meaning((CUBLAS,)),
+    "sglang_sgl_kernel_fp8_scaled_mm": Meaning((r"cutlass_3x_gemm",)),
+    "sglang_triton_scaled_mm": Meaning((r"scaled_mm_kernel",)),
+    "sglang_triton_w8a8_block_fp8": Meaning((r"_w8a8_block_fp8_matmul",)),
+    "sglang_deepgemm_gemm_nt_f8f8bf16": Meaning((r"deep_gemm|fp8_gemm_kernel",)),
+    "sglang_gptq_marlin_gemm": Meaning((r"marlin",)),
+    # quantize: compute_scale's row observes nothing (two timed ops per row); scale_matrix runs the static Triton quant
+    "sglang": Meaning((r"_static_quant_fp8|per_token_quant_fp8",)),
+    # attention
+    "fa3": Meaning((FA3,)),
+    "triton": Meaning((r"(?<!flash)_fwd_(grouped_)?kernel",)),  # not FA2's flash_fwd_kernel
+    "flash_attention": Meaning((FA3,)),
+    "flash_attention_v3": Meaning((FA3,)),
+    # moe
+    "sglang_fused_moe_triton": Meaning((r"fused_moe_kernel",)),
+    "sglang_marlin_moe": Meaning((r"marlin",)),
+    "sglang_marlin_moe_situ_as_silu": Meaning((r"marlin",)),
+    "sglang_flashinfer_cutlass_moe": Meaning((r"cutlass|expandInputRows|finalizeMoeRouting",)),
+    # mla_bmm
+    "sglang_torch_bmm": Meaning((CUBLAS,)),
+    "sglang_sgl_kernel_bmm_fp8": Meaning((CUBLAS,)),
+    # communication
+    "NCCL": Meaning(unobservable=ROW_RUNNER),
+    "SGLang_CustomAllReduce_eager": Meaning(unobservable=ROW_RUNNER),
+    "SGLang_CustomAllReduce_graph": Meaning(unobservable=ROW_RUNNER),
+}
