@@ -47,9 +47,12 @@ def _add_plan(sub) -> None:
 
 
 def cmd_plan(args) -> int:
+    from opcollect.cases.systems import load_systems
     from opcollect.names import BACKENDS, SMS
+    from opcollect.plans.cost import Costing, system_for_sm
     from opcollect.plans.planfile import write_plan
     from opcollect.plans.planner import Planner, PlanOptions, require_cases
+    from opcollect.plans.predict import plan_cost
     from opcollect.plans.report import render, summary, write_tables
     from opcollect.project import find_project
 
@@ -62,20 +65,31 @@ def cmd_plan(args) -> int:
         raise InputError("--against compares one plan: give one --backend and one --sm, not all")
     ops = parse_ops(args.ops)
     options = PlanOptions(ops=ops, smoke=args.smoke, case_filter=args.case_filter, shard=args.shard)
-    planner = Planner(find_project(args.root), tuple(args.model_config))
-    summaries = []
-    for backend, sm in pairs:
+    tree = find_project(args.root)
+    planner = Planner(tree, tuple(args.model_config))
+    systems = load_systems(tree.systems)
+    # SM by SM, so the backends of one SM share their cases' bounds (plans/cost.py); printed in the pairs' order
+    order = sorted(range(len(pairs)), key=lambda i: (sms.index(pairs[i][1]), i))
+    found: dict[int, dict] = {}
+    bounds: dict = {}
+    for n, i in enumerate(order):
+        backend, sm = pairs[i]
+        if n and sm != pairs[order[n - 1]][1]:
+            bounds = {}
         plan = planner.plan(backend, sm, options)
-        summaries.append(summary(plan))
+        system = system_for_sm(systems, sm)
+        cost = None if system is None else plan_cost(plan, Costing.of(backend, system, bounds=bounds))
+        found[i] = summary(plan, cost)
         if args.against:  # before writing anything: a bad TABLES stops here
             from opcollect.plans.coverage import coverage
 
-            summaries[-1]["coverage"] = coverage(plan, args.against)
+            found[i]["coverage"] = coverage(plan, args.against)
         if args.table:
             write_tables(plan, args.table if len(pairs) == 1 else args.table / f"{backend}-sm{sm}")
         if args.output:
             require_cases(plan, f"-o {args.output}")  # a plan of nothing would run nothing and exit 0
             write_plan(plan, args.output)
+    summaries = [found[i] for i in range(len(pairs))]
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
     else:

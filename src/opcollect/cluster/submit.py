@@ -23,6 +23,7 @@ from opcollect.cluster.status import shard_states
 from opcollect.collect import CollectRequest, run_flags
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
+from opcollect.plans.deal import deal_plan
 from opcollect.plans.planfile import to_json
 from opcollect.plans.planner import Planner, PlanOptions, require_cases, shard_of
 from opcollect.project import ProjectTree
@@ -67,7 +68,9 @@ def prepare_root(tree: ProjectTree, backend: str, sm: str, plan_options: PlanOpt
     root = Path(root or tree.root / "runs" / name).resolve()
     scripts.check_root(root, "--out", runtime)  # the default root is under the checkout: its path is checked too
     check_fresh(root)
-    parts = [shard_of(whole, i, shards) for i in range(shards)]  # dealt from the one selection
+    # dealt once from the one selection by predicted time (plans/deal.py), so the array's tasks end together
+    dealt = deal_plan(whole, shards, tree.systems)
+    parts = [shard_of(whole, i, shards, dealt) for i in range(shards)]
     if sum(p.total_cases for p in parts) != whole.total_cases:
         raise InputError(f"--shards {shards}: the shards do not add up to the plan; report this as a bug")
     empty = [i for i, p in enumerate(parts) if not p.total_cases]

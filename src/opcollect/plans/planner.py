@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from opcollect.cases.sources import CaseSources, load_sources
 from opcollect.errors import InputError
@@ -21,6 +21,9 @@ from opcollect.plans.hashes import canonical_lines, collector_hash, plan_hash, p
 from opcollect.plans.ops import OPS
 from opcollect.project import ProjectTree
 from opcollect.runtime.planfile import Row, id_template
+
+if TYPE_CHECKING:
+    from opcollect.plans.deal import Dealt
 
 SMOKE_CASES = 4
 
@@ -144,7 +147,11 @@ class Planner:
             canonical,
             notes=self.notes(sm, options.ops),
         )
-        return whole if options.shard is None else shard_of(whole, *options.shard)
+        if options.shard is None:
+            return whole
+        from opcollect.plans.deal import deal_plan
+
+        return shard_of(whole, *options.shard, dealt=deal_plan(whole, options.shard[1], self.tree.systems))
 
     def notes(self, sm: str, ops: tuple[str, ...]) -> tuple[str, ...]:
         """The models' notes, then the shapes each planned op lacks because a TP size does not split them."""
@@ -294,22 +301,28 @@ def _canonical_lines(selection: OpSelection) -> list[str]:
     return canonical_lines(selection.ids, selection.dispatch, selection.rows)
 
 
-def shard_of(plan: Plan, index: int, count: int) -> Plan:
+def shard_of(plan: Plan, index: int, count: int, dealt: Dealt | None = None) -> Plan:
     """Shard ``index`` of ``count`` of a whole plan, dealt from its selections without planning again: the same
-    plan_hash, its own cases and canonical lines (so its own content hash)."""
-    selections = {op: _shard(s, index, count) for op, s in plan.ops.items()}
+    plan_hash, its own cases and canonical lines (so its own content hash). ``dealt``: the dealing of the whole plan
+    by predicted time (plans/deal.py), computed here on this checkout's systems/ when not given; a caller making
+    every shard deals once."""
+    if dealt is None or dealt.count != count:
+        from opcollect.plans.deal import deal_plan
+
+        dealt = deal_plan(plan, count)
+    selections = {op: _shard(s, index, dealt.owner[op]) for op, s in plan.ops.items()}
     canonical = sorted(line for s in selections.values() for line in _canonical_lines(s))
     return replace(plan, options=replace(plan.options, shard=(index, count)), ops=selections, canonical=canonical)
 
 
-def _shard(selection: OpSelection, index: int, count: int) -> OpSelection:
-    """Rows in case-ID order go round-robin to the shards: disjoint, and together the whole op."""
+def _shard(selection: OpSelection, index: int, owner: list[int]) -> OpSelection:
+    """The rows (or cases) the dealing gave shard ``index``, in the plan's run order: disjoint, and together the
+    whole op."""
     if selection.rows is None:
-        order = sorted(range(len(selection.ids)), key=selection.ids.__getitem__)
-        mine = sorted(order[index::count])
+        mine = [i for i, shard in enumerate(owner) if shard == index]
         rows = None
     else:
-        rows = sorted(selection.rows, key=lambda r: r.row_id)[index::count]
+        rows = [row for row, shard in zip(selection.rows, owner) if shard == index]
         wanted = {case_id for row in rows for case_id in row.case_ids}
         mine = [i for i, case_id in enumerate(selection.ids) if case_id in wanted]
     values = [selection.values[i] for i in mine]

@@ -10,11 +10,14 @@ from opcollect.files import write_atomic
 from opcollect.names import sm_label
 from opcollect.plans import skips
 from opcollect.plans.planner import Plan
+from opcollect.plans.predict import PlanCost, hours
 
 
-def summary(plan: Plan) -> dict:
+def summary(plan: Plan, cost: PlanCost | None = None) -> dict:
+    """The --json summary; with ``cost`` (plans/cost.py), the predicted device-seconds per op and in all (the ops
+    and one worker start), on the system named by cost_system; null where the SM has no system to cost it on."""
     reasons = skips.reasons()
-    return {
+    found = {
         "backend": plan.backend,
         "sm": plan.sm,
         "collector_hash": plan.collector_hash,
@@ -35,6 +38,12 @@ def summary(plan: Plan) -> dict:
         },
         "notes": list(plan.notes),
     }
+    for name, info in found["ops"].items():
+        info["device_seconds"] = None if cost is None else round(cost.ops[name], 3)
+    found["device_seconds"] = None if cost is None else round(cost.total, 3)
+    found["cost_system"] = None if cost is None else cost.system
+    found["worker_start_seconds"] = None if cost is None else cost.worker_start_seconds
+    return found
 
 
 def write_tables(plan: Plan, directory: Path) -> list[Path]:
@@ -53,6 +62,15 @@ def write_tables(plan: Plan, directory: Path) -> list[Path]:
     return written
 
 
+def _cost(s: dict) -> str:
+    if s.get("device_seconds") is None:
+        return "; no cost predicted (no systems/*.yaml has this SM)"
+    return (
+        f"; predicted {hours(s['device_seconds'])} on {s['cost_system']} "
+        f"({hours(s['worker_start_seconds'])} of it a worker's start)"
+    )
+
+
 def render(summaries: list[dict], terminal: bool) -> str:
     """A rich table on a terminal; plain aligned text when piped."""
     rows = []
@@ -61,10 +79,13 @@ def render(summaries: list[dict], terminal: bool) -> str:
             skipped = sum(e["count"] for e in info["skipped"].values())
             dtypes = ", ".join(f"{k}:{v}" for k, v in info["by_dtype"].items())
             dispatch = ", ".join(info["by_dispatch"])
-            rows.append((s["backend"], s["sm"], op, str(info["cases"]), str(skipped), dtypes, dispatch))
-    header = ("backend", "sm", "op", "cases", "skipped", "by dtype", "dispatch")
+            seconds = info.get("device_seconds")
+            cost = "-" if seconds is None else hours(seconds)
+            rows.append((s["backend"], s["sm"], op, str(info["cases"]), str(skipped), cost, dtypes, dispatch))
+    header = ("backend", "sm", "op", "cases", "skipped", "predicted", "by dtype", "dispatch")
     footer = [
-        f"{sm_label(s['backend'], s['sm'])}: {s['cases']} cases, plan_hash {s['plan_hash'][:16]}" for s in summaries
+        f"{sm_label(s['backend'], s['sm'])}: {s['cases']} cases, plan_hash {s['plan_hash'][:16]}{_cost(s)}"
+        for s in summaries
     ]
     footer += list(dict.fromkeys(f"note: {note}" for s in summaries for note in s.get("notes", ())))
     if terminal:

@@ -52,6 +52,7 @@ class _Worker:
     runtime_id: str = ""  # names this worker process's identity in the shards
     task: Task | None = None
     deadline: float = 0.0
+    sent: float = 0.0  # monotonic time the current task was sent: its row's wall seconds end at the answer
 
 
 def _signal_name(returncode: int | None) -> str:
@@ -173,7 +174,8 @@ class Pool:
 
     def _send(self, worker: _Worker, task: Task) -> None:
         worker.task = task
-        worker.deadline = time.monotonic() + self.case_timeout * len(task.case_ids)
+        worker.sent = time.monotonic()
+        worker.deadline = worker.sent + self.case_timeout * len(task.case_ids)
         message = {
             "row_id": task.row_id,
             "op": task.op,

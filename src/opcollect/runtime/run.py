@@ -6,12 +6,14 @@ import json
 import os
 import secrets
 import socket
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from opcollect.backends import load_backend
+from opcollect.backends.kernels import contradicts_dispatch, describe_observed
 from opcollect.errors import InputError
 from opcollect.files import write_atomic
 from opcollect.plans.hashes import installed_collector_hash
@@ -21,7 +23,7 @@ from opcollect.runtime.planfile import PlanFile, read_plan
 from opcollect.runtime.pool import Pool, Task
 from opcollect.runtime.preflight import preflight
 from opcollect.runtime.progress import Progress
-from opcollect.runtime.rundir import prepare_run_dir, recorded
+from opcollect.runtime.rundir import prepare_run_dir, read_identity, recorded
 from opcollect.runtime.shards import ShardWriter
 
 
@@ -49,6 +51,7 @@ class RunSummary:
     recorded_before: int
     ok: int
     failed_by_class: dict[str, int]
+    cost: str = ""  # predicted against measured device-seconds per op (plans/predict.py run_cost)
 
 
 def now_iso() -> str:
@@ -133,7 +136,13 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
 
     announced: set[str] = set()
 
+    spent: dict[str, dict[str, float]] = {}  # op -> case ID -> its share of its row's wall seconds
+    device_names: list[str] = []  # the devices the workers report, for the system the costs are predicted on
+
     def on_result(worker, task: Task, results: list[dict]) -> None:
+        share = (time.monotonic() - worker.sent) / max(1, len(results))  # the row's wall seconds, per case
+        if worker.identity is not None and not device_names:
+            device_names.append(str(worker.identity.get("device")))
         writer = writers[worker.slot]
         runtime_id = f"{run_id}.{worker.runtime_id}"
         if runtime_id not in announced and worker.identity is not None:
@@ -154,7 +163,9 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
                 "worker": worker.slot,
                 "runtime_id": runtime_id,
                 "recorded_at": now_iso(),
+                "wall_seconds": round(share, 6),
             }
+            spent.setdefault(task.op, {})[result["case_id"]] = share
             writer.append(record)
             progress.record(task.op, result["status"], result.get("error_class"))
 
@@ -171,12 +182,15 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     failed = dict(progress.failures_by_class)
     event.update(finished_at=now_iso(), rows=sum(progress.ok.values()), failures=sum(failed.values()))
     write_atomic(event_path, json.dumps(event, indent=2) + "\n")
-    return RunSummary(run_dir, run_id, plan.total_cases, len(skip), sum(progress.ok.values()), failed)
+    from opcollect.plans.predict import run_cost
+
+    cost = run_cost(plan, spent, config, device_names[0] if device_names else None, len(devices))
+    return RunSummary(run_dir, run_id, plan.total_cases, len(skip), sum(progress.ok.values()), failed, cost=cost)
 
 
 def describe(summary: RunSummary) -> str:
     this_run = f"run {summary.run_id}: measured {summary.ok} this run ({summary.recorded_before} recorded before); "
-    return this_run + describe_run_dir(summary.run_dir, summary.planned)
+    return this_run + describe_run_dir(summary.run_dir, summary.planned) + (f"\n{summary.cost}" if summary.cost else "")
 
 
 def describe_run_dir(run_dir: Path, planned: int) -> str:
@@ -188,19 +202,23 @@ def describe_run_dir(run_dir: Path, planned: int) -> str:
         if r["status"] != "ok":
             total_failed[r["error_class"]] = total_failed.get(r["error_class"], 0) + 1
     classes = ", ".join(f"{k} {v}" for k, v in sorted(total_failed.items())) or "none"
+    backend = read_identity(run_dir)["backend"]  # whose kernel table judges the labels (backends/kernels.py)
     return (
         f"{run_dir}: {total_ok} rows, failures {classes}, {planned - len(state.latest)} of {planned} planned "
-        "cases missing" + _dispatch_misses(state.latest.values())
+        "cases missing"
+        + describe_observed(backend, state.latest.values())
+        + _dispatch_misses(state.latest.values(), backend)
     )
 
 
-def _dispatch_misses(records) -> str:
-    """Rows whose kernel_source (what ran) is not the plan's dispatch (what the plan predicted), or whose
-    communicator or strategy (``ran``) is not the one the framework's selection predicted, by pair."""
+def _dispatch_misses(records, backend: str | None = None) -> str:
+    """Rows whose kernel_source (what ran) is not the plan's dispatch (what the plan predicted) nor a finer label
+    that serves it (backends/kernels.py), or whose communicator or strategy (``ran``) is not the one the framework's
+    selection predicted, by pair."""
     pairs = Counter(
         (r.get("dispatch"), r.get("kernel_source"))
         for r in records
-        if r["status"] == "ok" and r.get("kernel_source") != r.get("dispatch")
+        if r["status"] == "ok" and contradicts_dispatch(backend, r.get("dispatch"), r.get("kernel_source"), r.get("op"))
     )
     pairs.update(
         (r.get("expected_ran"), r.get("ran"))
