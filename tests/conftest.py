@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -211,3 +212,19 @@ def fake_run(
         )
     )
     return run_dir
+
+
+def install_fakes(monkeypatch, modules: dict[str, dict]) -> None:
+    """Fake modules (and their parent packages) in sys.modules for the test's length, with the given attributes."""
+    for name, attrs in modules.items():
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            pkg = ".".join(parts[:i])
+            if not getattr(sys.modules.get(pkg), "_fake", False):
+                module = types.ModuleType(pkg)
+                module._fake, module.__path__ = True, []
+                monkeypatch.setitem(sys.modules, pkg, module)
+                if i > 1:
+                    setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], module)
+        for key, value in attrs.items():
+            setattr(sys.modules[name], key, value)

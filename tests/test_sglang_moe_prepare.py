@@ -13,6 +13,7 @@ import types
 from contextlib import contextmanager
 
 import pytest
+from conftest import install_fakes
 
 from opcollect.backends.sglang import context, moe, moe_routing
 from opcollect.plans.moe import MoeCase
@@ -39,22 +40,6 @@ class FakeParallel:
             yield self
         finally:
             self.values = saved
-
-
-def install(monkeypatch, modules: dict[str, dict]) -> None:
-    """Fake modules (and their parent packages) in sys.modules for the test's length, with the given attributes."""
-    for name, attrs in modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            pkg = ".".join(parts[:i])
-            if not getattr(sys.modules.get(pkg), "_fake", False):
-                module = types.ModuleType(pkg)
-                module._fake, module.__path__ = True, []
-                monkeypatch.setitem(sys.modules, pkg, module)
-                if i > 1:
-                    setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], module)
-        for key, value in attrs.items():
-            setattr(sys.modules[name], key, value)
 
 
 @pytest.fixture
@@ -91,7 +76,7 @@ def fake_sglang(monkeypatch):
             record["calls"].append(("topk", logits))
             return ("topk_output", len(record["calls"]))
 
-    install(monkeypatch, {
+    install_fakes(monkeypatch, {
         "sglang.srt.layers.moe.fused_moe_triton.layer": {"FusedMoE": FusedMoE},
         "sglang.srt.layers.moe.topk": {"TopK": TopK},
         "sglang.srt.layers.moe.utils": {"RoutingMethodType": RoutingMethodType,
@@ -226,7 +211,7 @@ def test_deepgemm_precompile_is_off_before_sglang_reads_it_and_restored(monkeypa
         seen["env"] = os.environ.get("SGLANG_JIT_DEEPGEMM_PRECOMPILE")
         seen["module"] = sys.modules[_CompileUtilsFinder.NAME]._ENABLE_JIT_DEEPGEMM_PRECOMPILE
 
-    install(monkeypatch, {
+    install_fakes(monkeypatch, {
         "sglang.srt.layers.moe.utils": {"MOE_RUNNER_BACKEND": "before"},
         "sglang.srt.layers.moe": {"initialize_moe_config": installed},
         "sglang.srt.layers.quantization.fp4_utils": {"FP4_GEMM_RUNNER_BACKEND": 4,

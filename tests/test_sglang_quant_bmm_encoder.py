@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import ast
 import sys
-import types
 import zipfile
 from collections import namedtuple
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, install_fakes
 
 import opcollect.backends.sglang as sglang_backend
 from opcollect.backends.sglang import context, encoder_attention, mla_bmm, quantize
@@ -31,22 +30,6 @@ MlaBmmCase = namedtuple("MlaBmmCase", "op_name bmm_dtype num_tokens num_heads")
 EncoderCase = namedtuple("EncoderCase", "batch_size isl num_heads head_dim attn_dtype")
 WHEELS = ROOT / ".cache" / "wheels"
 MODULES = (quantize, mla_bmm, encoder_attention)
-
-
-def install(monkeypatch, modules: dict[str, dict]) -> None:
-    """Fake modules (and their parent packages) in sys.modules for the test's length, with the given attributes."""
-    for name, attrs in modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            pkg = ".".join(parts[:i])
-            if not getattr(sys.modules.get(pkg), "_fake", False):
-                module = types.ModuleType(pkg)
-                module._fake, module.__path__ = True, []
-                monkeypatch.setitem(sys.modules, pkg, module)
-                if i > 1:
-                    setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], module)
-        for key, value in attrs.items():
-            setattr(sys.modules[name], key, value)
 
 
 @pytest.fixture
@@ -96,7 +79,7 @@ def fake_quant(monkeypatch, calls):
             self.cutlass_fp8_supported = flags["cutlass"]
             self.enable_flashinfer_bmm = flags["flashinfer_bmm"]
 
-    install(monkeypatch, {
+    install_fakes(monkeypatch, {
         "sglang.srt.layers.quantization.fp8_kernel": {"sglang_per_token_quant_fp8": sglang_per_token_quant_fp8,
                                                       "static_quant_fp8": static_quant_fp8},
         "sglang.srt.layers.quantization.modelopt_quant": {"ModelOptFp8Config": ModelOptFp8Config,
@@ -214,7 +197,7 @@ def fake_bmm(monkeypatch, calls):
         calls.append(("torch.bmm", a, b, kwargs))
         return real_bmm(a, b, **kwargs)
 
-    install(monkeypatch, {
+    install_fakes(monkeypatch, {
         "sglang.srt.layers.quantization.fp8_kernel": {"per_tensor_quant_mla_fp8": per_tensor_quant_mla_fp8},
         "sglang.srt.models.deepseek_common.attention_forward_methods.forward_mla": {"bmm_fp8": bmm_fp8},
         "sglang.srt.models.deepseek_common.utils": {"_is_cublas_ge_129": True},
@@ -321,7 +304,7 @@ def fake_vision(monkeypatch, calls):
     def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True, sm_scale=None):
         calls.append(("triton", q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal, sm_scale))
 
-    install(monkeypatch, {
+    install_fakes(monkeypatch, {
         "sglang.srt.layers.attention.vision": {"VisionAttention": VisionAttention, "QKV_BACKEND_IMPL": impls,
                                                "flash_attn_varlen_func": flash_attn_varlen_func,
                                                "context_attention_fwd": context_attention_fwd},

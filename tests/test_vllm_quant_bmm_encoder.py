@@ -12,12 +12,12 @@ import enum
 import math
 import sys
 import time
-import types
 from collections import namedtuple
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import install_fakes
 
 from opcollect.backends.vllm import context, encoder_attention, mla_bmm, quantize
 from opcollect.runtime.contract import KernelLimit
@@ -31,22 +31,6 @@ MlaBmmCase = namedtuple("MlaBmmCase", "op_name bmm_dtype num_tokens num_heads")
 EncoderAttentionCase = namedtuple("EncoderAttentionCase", "batch_size isl num_heads head_dim attn_dtype")
 WHEELS = Path(__file__).resolve().parents[1] / ".cache" / "wheels"
 FAST = TimingConfig(max_noise=0.05, min_samples=5, max_case_seconds=0.05, warmup_seconds=0.001)
-
-
-def install(monkeypatch, modules: dict[str, dict]) -> None:
-    """Fake modules (and their parent packages) in sys.modules for the test's length, with the given attributes."""
-    for name, attrs in modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            pkg = ".".join(parts[:i])
-            if not getattr(sys.modules.get(pkg), "_fake", False):
-                module = types.ModuleType(pkg)
-                module._fake, module.__path__ = True, []
-                monkeypatch.setitem(sys.modules, pkg, module)
-                if i > 1:
-                    setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], module)
-        for key, value in attrs.items():
-            setattr(sys.modules[name], key, value)
 
 
 def busy(seconds: float) -> None:
@@ -210,7 +194,7 @@ class FakeVllm:
         )
         self.MLAAttention = self.mla_attention_class()
         self.MMEncoderAttention, self.Backend = self.encoder_class()
-        install(
+        install_fakes(
             monkeypatch,
             {
                 "vllm._custom_ops": {"scaled_fp8_quant": self.scaled_fp8_quant},

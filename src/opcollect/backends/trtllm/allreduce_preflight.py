@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opcollect.backends.symbols import MAX_SOURCE_BYTES
+from opcollect.backends.trtllm.torch_ops import definition
 from opcollect.errors import InputError
 from opcollect.inputs import read_text
 from opcollect.runtime.contract import KernelLimit
@@ -64,19 +65,6 @@ ASSUMPTIONS = (
 )
 
 
-def _definition(tree: ast.Module, where: str) -> ast.AST | None:
-    """The top-level function ``name`` or the method ``Class.method`` of ``tree``."""
-    scope: list[ast.stmt] = tree.body
-    *classes, name = where.split(".")
-    for class_name in classes:
-        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == class_name]
-        if not found:
-            return None
-        scope = found[-1].body
-    defs = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
-    return defs[-1] if defs else None
-
-
 def problems(root: Path) -> list[str]:
     """One line per assumption the tensorrt_llm package at ``root`` breaks: 'file: where: what is missing (why)'."""
     out = []
@@ -90,7 +78,7 @@ def problems(root: Path) -> list[str]:
         except InputError as exc:  # not a regular file, too large, not UTF-8: the assumption cannot be read
             out.append(str(exc))
             continue
-        node = _definition(ast.parse(source), item.where)
+        node = definition(ast.parse(source), item.where)
         if node is None:
             out.append(f"tensorrt_llm/{item.path}: no {item.where} ({item.why})")
             continue
