@@ -1,0 +1,63 @@
+"""Behaviours the second blind round (scripts/blind_mutants_2.json: bugs planted by someone who had not read the
+tests) found unguarded: what a run's event counts, a row of one sample, the order of a merged table's rows."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from conftest import TESTS, fake_run, gemm_plan
+
+from opcollect.plans.gemm import GemmCase
+from opcollect.project import find_project
+from opcollect.runtime.run import RunOptions, run_plan
+from opcollect.tables.merge import merge
+from opcollect.tables.values import measured_faults
+
+HEALTHY = [(1, 64, 64), (2, 64, 128)]
+FAILING = (1, 16, 13)  # tests/faulty_backend.py raises an unexpected error at k=13
+
+
+def test_a_runs_event_counts_the_rows_it_measured_and_its_failures_apart(tmp_path, monkeypatch):
+    """The event's `rows` are the cases measured by this run; a failure is counted under `failures`, not as a row."""
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # workers import it
+    plan = gemm_plan(tmp_path / "plan.json", [HEALTHY[0], FAILING, HEALTHY[1]])
+    run_dir = tmp_path / "run"
+    options = RunOptions(device="cpu", case_timeout=30, max_case_seconds=0.05, test_backend="faulty_backend")
+    summary = run_plan(plan, run_dir, options)
+    [event_path] = (run_dir / "events").glob("*.json")
+    event = json.loads(event_path.read_text())
+    assert (event["rows"], event["failures"]) == (2, 1), event
+    assert (summary.ok, sum(summary.failed_by_class.values())) == (2, 1)
+
+
+def _measured(samples: list[int]) -> pa.Table:
+    n = len(samples)
+    return pa.table(
+        {
+            "latency": [1.0] * n,
+            "latency_p25": [1.0] * n,
+            "latency_p75": [1.0] * n,
+            "samples": samples,
+            "noise": [0.0] * n,
+            "timing": ["eager"] * n,
+        }
+    )
+
+
+def test_a_row_of_one_sample_is_a_value_and_zero_samples_is_not():
+    [fault] = measured_faults(_measured([1, 0, 2]))
+    assert fault.what == "samples below 1"
+    assert fault.mask.to_pylist() == [False, True, False]
+    assert measured_faults(_measured([1, 1])) == []
+
+
+def test_a_merged_table_is_ordered_by_its_key_fields_as_numbers(tmp_path):
+    """m=128 comes before m=1024 (the case IDs as strings order them the other way round)."""
+    cases = [GemmCase("bfloat16", m, 64, 64) for m in (1024, 128, 16)]
+    tables = tmp_path / "TABLES"
+    merge([fake_run(tmp_path / "run", cases)], tables, find_project(), say=lambda _: None)
+    [path] = tables.rglob("gemm_perf.parquet")
+    assert pq.read_table(path).column("m").to_pylist() == [16, 128, 1024]
