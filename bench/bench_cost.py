@@ -17,6 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from opcollect.plans.bound import bound
 from opcollect.plans.cost import Costing
 from opcollect.plans.gemm import GemmCase
 from opcollect.plans.hashes import installed_collector_hash
@@ -28,7 +29,7 @@ from opcollect.project import find_project
 from opcollect.runtime.harness import TimingConfig
 from opcollect.runtime.run import RunOptions, run_plan
 from opcollect.runtime.rundir import read_records
-from opcollect.tables.physics import bound, project_systems
+from opcollect.tables.physics import project_systems
 
 RUNS = 3
 GOAL = 1.5

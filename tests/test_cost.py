@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from conftest import ROOT, run_cli
 
+from opcollect.plans.bound import Figures
 from opcollect.plans.cost import (
     CPU_EFFICIENCY,
     GPU_EFFICIENCY,
@@ -30,7 +31,6 @@ from opcollect.plans.predict import compare_run, plan_units, run_cost
 from opcollect.plans.quantize import QuantizeCase
 from opcollect.runtime.harness import TimingConfig
 from opcollect.runtime.planfile import read_plan
-from opcollect.tables.physics import Figures
 
 # a toy system and harness whose figures make the arithmetic below exact
 FIGURES = Figures(

@@ -18,9 +18,9 @@ from conftest import ROOT, TESTS, fake_run, gemm_plan, run_cli
 from opcollect.cases.systems import load_systems
 from opcollect.errors import InputError
 from opcollect.plans import attention, comm, encoder_attention, gemm, mla, mla_bmm, mla_module, moe, quantize
+from opcollect.plans.bound import Figures, bound, datasheet
 from opcollect.project import find_project
 from opcollect.tables.merge import merge
-from opcollect.tables.physics import Figures, bound, datasheet
 from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 

@@ -28,7 +28,8 @@ DIR = "h200_sxm/gemm/vllm/0.24.0"
 def tables(tmp_path):
     root = tmp_path / "tables"
     merge([fake_run(tmp_path / "run", CASES, status={FAILED: "oom"})], root, find_project())
-    assert [f.render() for f in check_tables(root)] == []
+    # R8 (speed of light) reads every table of fabricated latencies as slow: tests/test_physics.py holds it
+    assert [f.render() for f in check_tables(root) if f.rule != "R8"] == []
     return root
 
 
@@ -169,7 +170,7 @@ def test_a_newer_measurement_replaces_an_older_one_and_a_failure_never_does(tmp_
     assert rows[FAILED]["latency"] == 1.0
     assert {r["latency"] for cid, r in rows.items() if cid != FAILED} == {2.0}
     assert verify_tables(tables).clean  # every rewritten file is hashed anew in the manifest
-    assert [f.render() for f in check_tables(tables)] == []
+    assert [f.render() for f in check_tables(tables) if f.rule != "R8"] == []
 
 
 def test_the_latest_record_wins_within_one_merge(tmp_path):
@@ -190,7 +191,7 @@ def test_a_table_with_unrecorded_cases_is_partial(tmp_path):
     assert read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].status == "partial"
     findings = check_tables(tables)
     assert [f.rule for f in findings if not f.warning] == []
-    assert [(f.rule, f.keys) for f in findings if f.warning] == [("R4", (FAILED,))]
+    assert [(f.rule, f.keys) for f in findings if f.warning and f.rule != "R8"] == [("R4", (FAILED,))]
     [complete] = merge([fake_run(tmp_path / "r2", CASES, run_id="r2")], tmp_path / "t2", find_project())
     assert complete.status == "complete"
 

@@ -61,3 +61,14 @@ def test_a_merged_table_is_ordered_by_its_key_fields_as_numbers(tmp_path):
     merge([fake_run(tmp_path / "run", cases)], tables, find_project(), say=lambda _: None)
     [path] = tables.rglob("gemm_perf.parquet")
     assert pq.read_table(path).column("m").to_pylist() == [16, 128, 1024]
+
+
+def test_plan_diff_counts_a_case_moved_to_another_batch_row_as_changed():
+    """Same case ID and dispatch, another batch row: the case is timed with other cases, so the plans differ."""
+    from opcollect.plans.diff import OpView, _diff_op
+
+    old = OpView(cases=2, rows={"c1": ("nccl", "row-a"), "c2": ("nccl", "row-a")})
+    new = OpView(cases=2, rows={"c1": ("nccl", "row-a"), "c2": ("nccl", "row-b")})
+    diff = _diff_op("comm", old, new)
+    assert (diff.added, diff.removed, diff.changed) == (0, 0, 1) and diff.examples == ("c2",)
+    assert _diff_op("comm", old, old).differs is False

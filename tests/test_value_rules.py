@@ -106,7 +106,7 @@ def test_merge_admits_only_records_that_pass_the_value_rules(tmp_path):
     assert read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].status == "partial"
     findings = check_tables(tables)
     assert [f.render() for f in findings if not f.warning] == []
-    assert [f.rule for f in findings] == ["R4"]  # the broken cases are planned and missing: a partial table
+    assert [f.rule for f in findings if f.rule != "R8"] == ["R4"]  # the broken cases are planned and missing: a partial table
 
 
 def test_a_failure_record_is_held_to_the_rules_that_apply_to_it(tmp_path):
@@ -233,7 +233,7 @@ def test_a_compute_scale_row_of_latency_0_is_merged_and_passes_check(tmp_path):
     assert _qids(tables) == {1: 0.0, 4: 0.0, 8: 2e-3}
     findings = check_tables(tables)
     assert [f.render() for f in findings if not f.warning] == []
-    assert [f.rule for f in findings] == ["R4"]  # m=2 is planned and missing: a partial table
+    assert [f.rule for f in findings if f.rule != "R8"] == ["R4"]  # m=2 is planned and missing: a partial table
     # a stored compute_scale row below 0 is named under R3 with the rule its op is held to
     path = tables / QDIR / "computescale_perf.parquet"
     perf = pq.read_table(path)

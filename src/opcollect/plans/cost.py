@@ -39,7 +39,7 @@ from opcollect.runtime.timing import GRAPH_MAX_CALLS, GRAPH_SAMPLE_SECONDS, L2_M
 
 if TYPE_CHECKING:
     from opcollect.cases.systems import System
-    from opcollect.tables.physics import Figures
+    from opcollect.plans.bound import Figures
 
 Kind = Literal["cpu", "cuda"]
 # measure_cpu sizes a sample to about this many seconds of calls (its default, read so the two cannot drift)
@@ -230,7 +230,7 @@ class Costing:
     def of(
         cls, backend: str, system: System, config: TimingConfig | None = None, bounds: dict | None = None
     ) -> Costing:
-        from opcollect.tables.physics import datasheet
+        from opcollect.plans.bound import datasheet
 
         kind: Kind = "cpu" if system.sm == "cpu" else "cuda"
         config = config or TimingConfig.for_device(kind)
@@ -257,7 +257,7 @@ class Costing:
     def seconds_of(self, op: OpPlan) -> Callable[[tuple], float]:
         """The predicted wall seconds of one case of ``op`` (its raw values or its case type), with the op's
         constants bound."""
-        from opcollect.tables.physics import bound
+        from opcollect.plans.bound import bound
 
         h, figures, make = self.harness, self.figures, op.case_type._make
         work_of = op.work or WORK_PROXY.get(op.name)
