@@ -8,7 +8,9 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from conftest import TESTS, fake_run, gemm_plan
+import pytest
+import yaml
+from conftest import ROOT, TESTS, fake_run, gemm_plan
 
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
@@ -72,3 +74,56 @@ def test_plan_diff_counts_a_case_moved_to_another_batch_row_as_changed():
     diff = _diff_op("comm", old, new)
     assert (diff.added, diff.removed, diff.changed) == (0, 0, 1) and diff.examples == ("c2",)
     assert _diff_op("comm", old, old).differs is False
+
+
+def test_a_grid_axis_with_a_repeated_value_is_refused():
+    from pydantic import ValidationError
+
+    from opcollect.cases.grids import GemmGrid
+
+    grid = {"dtypes": ["bfloat16"], "n": [64], "k": [64], "model_tp_sizes": [1]}
+    assert GemmGrid(m=[1, 2, 4], **grid).m == [1, 2, 4]
+    with pytest.raises(ValidationError, match="without repeats"):
+        GemmGrid(m=[1, 2, 2], **grid)
+
+
+def test_a_system_name_is_matched_whole(tmp_path):
+    """A name is a file stem and a directory of the consumer's tree: `h200-SXM` past a valid prefix is refused."""
+    from opcollect.cases.systems import load_systems
+    from opcollect.errors import InputError
+
+    text = (ROOT / "systems" / "h200_sxm.yaml").read_text()
+    (tmp_path / "h200_sxm.yaml").write_text(text)
+    assert list(load_systems(tmp_path)) == ["h200_sxm"]
+    (tmp_path / "h200_sxm.yaml").unlink()
+    (tmp_path / "h200-SXM.yaml").write_text(text.replace("name: h200_sxm", "name: h200-SXM"))  # stem and name agree
+    with pytest.raises(InputError, match="name"):
+        load_systems(tmp_path)
+
+
+def _pins_copy(tmp_path):
+    path = tmp_path / "pins.yaml"
+    path.write_text((ROOT / "pins.yaml").read_text())
+    return path
+
+
+def test_repinning_vllms_current_version_keeps_its_entry(tmp_path):
+    """vLLM keeps one version: a new digest for the current version replaces its image, it does not drop the entry."""
+    from opcollect.images.bump import BumpRequest, bump
+    from opcollect.images.pins import load_pins
+
+    pins = _pins_copy(tmp_path)
+    current, pin = load_pins(pins).pin("vllm")
+    repushed = pin.image.rsplit("@sha256:", 1)[0] + "@sha256:" + ("f" if pin.digest[-1] != "f" else "e") * 64
+    after = yaml.safe_load(bump(pins, BumpRequest("vllm", current, repushed)).after)["backends"]["vllm"]
+    assert after["current"] == current and after["versions"] == {current: {"image": repushed}}
+
+
+def test_an_image_without_a_tag_is_not_the_new_versions_image(tmp_path):
+    from opcollect.errors import InputError
+    from opcollect.images.bump import BumpRequest, check_request
+
+    digest = "@sha256:" + "a" * 64
+    check_request(_pins_copy(tmp_path), BumpRequest("vllm", "0.25.0", "vllm/vllm-openai:v0.25.0" + digest))
+    with pytest.raises(InputError, match="tag None is not version 0.25.0"):
+        check_request(_pins_copy(tmp_path), BumpRequest("vllm", "0.25.0", "vllm/vllm-openai" + digest))
