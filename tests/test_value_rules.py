@@ -106,7 +106,8 @@ def test_merge_admits_only_records_that_pass_the_value_rules(tmp_path):
     assert read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].status == "partial"
     findings = check_tables(tables)
     assert [f.render() for f in findings if not f.warning] == []
-    assert [f.rule for f in findings if f.rule != "R8"] == ["R4"]  # the broken cases are planned and missing: a partial table
+    # the broken cases are planned and missing: a partial table
+    assert [f.rule for f in findings if f.rule != "R8"] == ["R4"]
 
 
 def test_a_failure_record_is_held_to_the_rules_that_apply_to_it(tmp_path):
