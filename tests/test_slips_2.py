@@ -127,3 +127,23 @@ def test_an_image_without_a_tag_is_not_the_new_versions_image(tmp_path):
     check_request(_pins_copy(tmp_path), BumpRequest("vllm", "0.25.0", "vllm/vllm-openai:v0.25.0" + digest))
     with pytest.raises(InputError, match="tag None is not version 0.25.0"):
         check_request(_pins_copy(tmp_path), BumpRequest("vllm", "0.25.0", "vllm/vllm-openai" + digest))
+
+
+@pytest.mark.parametrize("answer, job", [("123", "123"), ("123;cluster_a", "123"), ("123abc", None), ("123\nx", None)])
+def test_sbatchs_answer_is_a_job_id_matched_whole(tmp_path, monkeypatch, answer, job):
+    """sbatch --parsable answers `id` or `id;cluster`; anything after it is no job of ours."""
+    from opcollect.cluster.slurm import sbatch
+    from opcollect.errors import InputError
+
+    fake = tmp_path / "bin" / "sbatch"  # an sbatch that answers what a confused controller might
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nprintf '%s' {json.dumps(answer)}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    script = tmp_path / "collect.sbatch"
+    script.write_text("#!/bin/sh\n")
+    if job is None:
+        with pytest.raises(InputError, match="unexpected answer"):
+            sbatch(script)
+    else:
+        assert sbatch(script) == job
