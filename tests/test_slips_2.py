@@ -147,3 +147,44 @@ def test_sbatchs_answer_is_a_job_id_matched_whole(tmp_path, monkeypatch, answer,
             sbatch(script)
     else:
         assert sbatch(script) == job
+
+
+def test_a_slurm_record_of_no_shards_is_refused(tmp_path):
+    from opcollect.cluster.record import read_record
+    from opcollect.errors import InputError
+
+    (tmp_path / "slurm.json").write_text('{"shards": 0, "submissions": []}')
+    with pytest.raises(InputError, match="field 'shards': 0 is not a whole number from 1"):
+        read_record(tmp_path)
+
+
+@pytest.mark.parametrize("version", ["1.0.0-bad", "2026.12.1 ", "1.0.0rc1+local/x"])
+def test_a_release_version_is_matched_whole(version):
+    from opcollect.errors import InputError
+    from opcollect.release.package import check_version
+
+    assert check_version("1.0.0rc1+local.2") == "1.0.0rc1+local.2"
+    with pytest.raises(InputError, match="not a release version"):
+        check_version(version)
+
+
+def test_a_wheel_of_an_epoch_before_1980_is_stamped_1980(tmp_path):
+    """SOURCE_DATE_EPOCH=0 is a common reproducible-build setting; a zip entry cannot hold a time before 1980."""
+    import zipfile
+
+    from opcollect.release.archives import write_wheel
+
+    wheel = tmp_path / "t-1.0-py3-none-any.whl"
+    write_wheel(wheel, {"t/a.txt": b"a"}, "t-1.0.dist-info/RECORD", epoch=0)
+    with zipfile.ZipFile(wheel) as archive:
+        assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+
+
+def test_a_name_of_exactly_name_max_bytes_is_a_name(tmp_path):
+    from opcollect.files import NAME_MAX, check_name
+
+    check_name(tmp_path / ("a" * NAME_MAX))
+    (tmp_path / ("a" * NAME_MAX)).write_text("fits")  # the file system agrees
+    with pytest.raises(OSError, match="too long|File name too long") as raised:
+        check_name(tmp_path / ("a" * (NAME_MAX + 1)))
+    assert raised.value.errno == 36  # ENAMETOOLONG
