@@ -188,3 +188,21 @@ def test_a_name_of_exactly_name_max_bytes_is_a_name(tmp_path):
     with pytest.raises(OSError, match="too long|File name too long") as raised:
         check_name(tmp_path / ("a" * (NAME_MAX + 1)))
     assert raised.value.errno == 36  # ENAMETOOLONG
+
+
+def test_check_exits_0_on_warnings_alone_and_1_on_a_violation(tmp_path, capsys):
+    """Slow rows (R8) are warnings: check passes; a latency below 0 (R3) is a violation: it fails."""
+    from opcollect.cli import build_parser
+    from opcollect.cli.tables import cmd_check
+
+    tables = tmp_path / "TABLES"
+    merge([fake_run(tmp_path / "run", [GemmCase("bfloat16", m, 64, 64) for m in (1, 2)])], tables, find_project())
+    args = build_parser().parse_args(["check", str(tables)])
+    assert cmd_check(args) == 0
+    shown = capsys.readouterr().out
+    assert "R8 warning" in shown and "check " in shown and ": 0 violations" in shown
+    [path] = tables.rglob("gemm_perf.parquet")
+    table = pq.read_table(path)
+    latency = pa.array([-1.0] + table["latency"].to_pylist()[1:], pa.float64())
+    pq.write_table(table.set_column(table.schema.get_field_index("latency"), "latency", latency), path)
+    assert cmd_check(args) == 1
