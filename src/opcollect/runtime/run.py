@@ -182,10 +182,18 @@ def run_plan(plan_path: Path, run_dir: Path, options: RunOptions) -> RunSummary:
     failed = dict(progress.failures_by_class)
     event.update(finished_at=now_iso(), rows=sum(progress.ok.values()), failures=sum(failed.values()))
     write_atomic(event_path, json.dumps(event, indent=2) + "\n")
-    from opcollect.plans.predict import run_cost
-
-    cost = run_cost(plan, spent, config, device_names[0] if device_names else None, len(devices))
+    cost = _cost_line(plan, spent, config, device_names[0] if device_names else None, len(devices))
     return RunSummary(run_dir, run_id, plan.total_cases, len(skip), sum(progress.ok.values()), failed, cost=cost)
+
+
+def _cost_line(plan: PlanFile, spent: dict, config, device_name: str | None, workers: int) -> str:
+    """Predicted against measured device-seconds per op. The prediction reads the planner's systems and grids,
+    which need pydantic; a device without it (the runtime needs none) says so instead of failing a finished run."""
+    try:
+        from opcollect.plans.predict import run_cost
+    except ImportError as exc:
+        return f"cost: not predicted here ({exc}); the host's `opcollect plan --json` predicts it"
+    return run_cost(plan, spent, config, device_name, workers)
 
 
 def describe(summary: RunSummary) -> str:
