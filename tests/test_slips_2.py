@@ -206,3 +206,19 @@ def test_check_exits_0_on_warnings_alone_and_1_on_a_violation(tmp_path, capsys):
     latency = pa.array([-1.0] + table["latency"].to_pylist()[1:], pa.float64())
     pq.write_table(table.set_column(table.schema.get_field_index("latency"), "latency", latency), path)
     assert cmd_check(args) == 1
+
+
+def test_a_torch_gemms_footprint_is_the_bytes_of_its_tensors():
+    """x [m, k], w [n, k] and y [m, n], each at its dtype's width: float32's output is 4 bytes an element."""
+    import torch
+
+    from opcollect.backends.torch import gemm
+
+    for dtype, torch_dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        m, n, k = 3, 5, 7
+        tensors = (
+            torch.empty(m, k, dtype=torch_dtype),
+            torch.empty(n, k, dtype=torch_dtype),
+            torch.empty(m, n, dtype=torch_dtype),
+        )
+        assert gemm.footprint(GemmCase(dtype, m, n, k)) == sum(t.numel() * t.element_size() for t in tensors)
