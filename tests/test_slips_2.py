@@ -1,5 +1,8 @@
 """Behaviours the second blind round (scripts/blind_mutants_2.json: bugs planted by someone who had not read the
-tests) found unguarded: what a run's event counts, a row of one sample, the order of a merged table's rows."""
+tests) found unguarded: what a run's event counts, a row of one sample, the order of a merged table's rows, plan-diff
+of a moved batch row, repeated grid values, system names, re-pinning and untagged images in a bump, sbatch's answer,
+a Slurm record of no shards, release versions, a wheel's timestamps, the longest file name, check's exit code on
+warnings, a torch GEMM's footprint."""
 
 from __future__ import annotations
 
