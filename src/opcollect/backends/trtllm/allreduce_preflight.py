@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opcollect.backends.symbols import MAX_SOURCE_BYTES
-from opcollect.backends.trtllm.torch_ops import definition
+from opcollect.backends.trtllm.torch_ops import definition, installed_root
 from opcollect.errors import InputError
 from opcollect.inputs import read_text
 from opcollect.runtime.contract import KernelLimit
-from opcollect.runtime.preflight import locate
 
 
 @dataclass(frozen=True)
@@ -87,12 +86,6 @@ def problems(root: Path) -> list[str]:
         if missing:
             out.append(f"tensorrt_llm/{item.path}: {item.where} no longer uses {', '.join(missing)} ({item.why})")
     return out
-
-
-def installed_root() -> Path | None:
-    """The installed tensorrt_llm package's directory, located as the run's preflight locates it (never imported)."""
-    found = locate("tensorrt_llm")
-    return found[0] if found and found[0].is_dir() else None
 
 
 def check_installed(root: Path | None = None) -> None:
