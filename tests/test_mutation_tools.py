@@ -1,0 +1,55 @@
+"""The tools that measure the tests: scripts/covermap.py charges every line a test reaches (in its own process
+and in the `python -m opcollect` children it starts) to that test, and scripts/mutants.py --map runs, for a
+planted bug, exactly the tests that reach its lines."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+CLI_TEST = "tests/test_bad_inputs.py::test_bad_input_is_one_line_and_exit_2[backend-unknown]"
+
+
+def _script(name: str):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_a_line_run_only_in_a_cli_child_is_charged_to_the_test_that_started_it(tmp_path):
+    out = tmp_path / "map.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "covermap.py"), "--out", str(out), "--", CLI_TEST]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    found = json.loads(out.read_text())
+    assert found["tests"] == [CLI_TEST] and found["failed"] == []
+    # __main__ runs only in the `python -m opcollect` child; its last line is the exit
+    main_lines = found["files"]["__main__.py"]
+    last = len((ROOT / "src" / "opcollect" / "__main__.py").read_text().splitlines())
+    assert main_lines[str(last)] == [0]
+    assert any(ids == [0] for ids in found["files"]["cli/plan.py"].values())
+    # nothing is left in the interpreter's site-packages
+    covermap = _script("covermap")
+    site = covermap._site_packages(sys.executable)
+    assert not list(site.glob(f"{covermap.HOOK}*"))
+
+
+def test_mapped_tests_are_those_reaching_the_snippet_else_those_reaching_the_module():
+    mutants = _script("mutants")
+    text = (ROOT / "src" / "opcollect" / "names.py").read_text().splitlines()
+    body = next(i for i, line in enumerate(text, 1) if line.startswith("    ") and line.strip())
+    covermap = {
+        "tests": ["t::a", "t::b", "t::c", None],
+        "files": {"names.py": {str(body): [1], str(body + 1): [2, 3], "1": []}},
+    }
+    assert mutants.mapped_tests(covermap, "names.py", text[body - 1]) == ("t::b",)
+    two_lines = text[body - 1] + "\n" + text[body]
+    assert mutants.mapped_tests(covermap, "names.py", two_lines) == ("t::b", "t::c")  # a failed test (None) is left out
+    assert mutants.mapped_tests(covermap, "names.py", text[0]) == ("t::b", "t::c")  # import-time line: whole module
+    assert mutants.mapped_tests(covermap, "flags.py", "import") == ()  # a module no test reaches
