@@ -99,6 +99,13 @@ def covering_tests(path: str) -> tuple[str, ...]:
     return tuple(str(test.relative_to(ROOT)) for test in found)
 
 
+# test files whose tests start clusters, containers or whole collections: run after the others
+SLOW = frozenset(
+    f"tests/{name}.py"
+    for name in ("test_slurm", "test_images", "test_interrupts", "test_collect_local", "test_planted_images")
+)
+
+
 def mapped_tests(covermap: dict, path: str, old: str) -> tuple[str, ...]:
     """The tests that execute the lines of ``old`` in ``path``, by a map from scripts/covermap.py: what
     CI runs against a bug there. Lines run only at import carry no test; they are charged to every test
@@ -110,7 +117,10 @@ def mapped_tests(covermap: dict, path: str, old: str) -> tuple[str, ...]:
     ids = {i for line in span for i in lines.get(str(line), ())}
     if not ids:
         ids = {i for found in lines.values() for i in found}
-    return tuple(t for t in (covermap["tests"][i] for i in sorted(ids)) if t is not None)
+    tests = [t for t in (covermap["tests"][i] for i in sorted(ids)) if t is not None]
+    # -x stops at the first failure: the module's own test files first, then the rest, the slow files last
+    own = set(covering_tests(path))
+    return tuple(sorted(tests, key=lambda t: (t.partition("::")[0] not in own, t.partition("::")[0] in SLOW, t)))
 
 
 def blind_mutants(path: Path, covermap: Path | None = None) -> list[Mutant]:
