@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1028,6 +1029,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--map", type=Path, metavar="JSON", help="with --blind: run the tests that reach the changed lines"
     )
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
+    parser.add_argument("--skip", action="append", metavar="NAME", default=[], help="leave this mutant out")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of each pytest output")
     args = parser.parse_args(argv)
 
@@ -1046,6 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--only: unknown mutant {unknown[0]!r}; see --list")
         chosen = [mutant for mutant in mutants if mutant.name in args.only]
+    chosen = [mutant for mutant in chosen if mutant.name not in args.skip]
     if args.list:
         for mutant in chosen:
             print(f"{mutant.name:45} src/opcollect/{mutant.path}  {' '.join(mutant.tests)}")
@@ -1072,26 +1076,32 @@ def main(argv: list[str] | None = None) -> int:
     caught = 0
     missed: list[str] = []
     started = time.monotonic()
-    for mutant in chosen:
+
+    def attempt(mutant: Mutant) -> tuple[str, float, str]:
         if not mutant.tests:
-            missed.append(mutant.name)
-            print(f"{'UNREACHED':9} {mutant.name:45}   no test executes this module", flush=True)
-            continue
+            return "unreached", 0.0, "no test executes this module"
         with tempfile.TemporaryDirectory(prefix="opcollect-mutant-") as tmp:
             copy = Path(tmp)
             _copy_project(copy)
             _apply(copy, mutant)
-            outcome, seconds, detail = _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
-        # Without a map, the chosen files are narrow and a timeout means the mutant hangs them. With one,
-        # a timeout may only mean many tests reach the line: it is reported, not counted as caught.
-        if outcome == "failed" or (outcome == "timeout" and not args.map):
-            caught += 1
-            verdict = "caught"
-        else:
-            missed.append(mutant.name)
-            verdict = {"passed": "MISSED", "timeout": "TIMEOUT"}.get(outcome, "ERROR")
-        shown = detail.splitlines()[0][:110] if detail and outcome != "error" else detail
-        print(f"{verdict:9} {mutant.name:45} {seconds:6.1f} s {len(mutant.tests):5} tests  {shown}", flush=True)
+            return _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
+
+    # each mutant runs in its own copy, so --jobs of them can run at once (each pytest is one process)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(attempt, mutant): mutant for mutant in chosen}
+        for future in as_completed(futures):
+            mutant = futures[future]
+            outcome, seconds, detail = future.result()
+            # Without a map, the chosen files are narrow and a timeout means the mutant hangs them. With one,
+            # a timeout may only mean many tests reach the line: it is reported, not counted as caught.
+            if outcome == "failed" or (outcome == "timeout" and not args.map):
+                caught += 1
+                verdict = "caught"
+            else:
+                missed.append(mutant.name)
+                verdict = {"passed": "MISSED", "timeout": "TIMEOUT", "unreached": "UNREACHED"}.get(outcome, "ERROR")
+            shown = detail.splitlines()[0][:110] if detail and outcome != "error" else detail
+            print(f"{verdict:9} {mutant.name:45} {seconds:6.1f} s {len(mutant.tests):5} tests  {shown}", flush=True)
     planted = len(chosen)
     print(f"missed: {', '.join(missed)}" if missed else "missed: none")
     print(f"({time.monotonic() - started:.0f} s)")
