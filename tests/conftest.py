@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -55,6 +56,27 @@ def project() -> ProjectTree:
 def planner(project) -> Planner:
     """One planner for the session: expansion is shared by every test that plans from the checkout."""
     return Planner(project)
+
+
+@contextlib.contextmanager
+def runner_pending_lifted():
+    """Plans without skip runner-pending (plans/skips.py): the grids and dispatch the frameworks get once their
+    runners land, held to the reference tables now."""
+    from opcollect.plans.skips import SKIPS
+
+    [entry] = [e for e in SKIPS if e.name == "runner-pending"]
+    SKIPS.remove(entry)
+    try:
+        yield
+    finally:
+        SKIPS.append(entry)
+
+
+@pytest.fixture(scope="module")
+def pending_runners_lifted():
+    """runner_pending_lifted for a whole test module (its module-scoped plans included)."""
+    with runner_pending_lifted():
+        yield
 
 
 def cases_of(selection) -> list:

@@ -445,6 +445,30 @@ ROWS = [
         model_config(num_key_value_heads=5),
     ),
     Row(
+        "model-config-dsv4-compress-ratio-unknown",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'compress_ratios': 8 at layer 1 is no DeepSeek-V4 compression; use 0 (sliding window "
+        "only), 4 (CSA) or 128 (HCA)",
+        write(
+            "{tmp}/config.json",
+            (ROOT / "tests/data/dsv4_configs/sgl-project--DeepSeek-V4-Flash-FP8_config.json")
+            .read_text()
+            .replace('"compress_ratios": [\n    0,\n    0,', '"compress_ratios": [\n    0,\n    8,', 1),
+        ),
+    ),
+    Row(
+        "model-config-dsa-skip-offset-zero",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'index_skip_topk_offset': 0 makes layer 0 reuse a top-k no earlier layer made "
+        "(index_topk_freq 4); set it to 1 or more (GLM-5.2: 3)",
+        write(
+            "{tmp}/config.json",
+            (ROOT / "tests/data/sparse_configs/zai-org--GLM-5.2-FP8_config.json")
+            .read_text()
+            .replace('"index_skip_topk_offset": 3,', '"index_skip_topk_offset": 0,', 1),
+        ),
+    ),
+    Row(
         "model-config-not-an-object",
         (*PLAN, "--model-config", "{tmp}/config.json"),
         "config.json: a model config is a JSON object, not list",

@@ -108,6 +108,11 @@ def test_table_writes_one_csv_per_op_with_key_columns(tmp_path):
             "encoder_attention",
             "comm",
             "custom_allreduce",
+            *("dsa_context_module", "dsa_generation_module", "msa_context_module", "msa_generation_module"),
+            *("glm5_mqa_logits_module", "glm5_topk_module", "glm5_dsa_attn_module"),
+            *("dsv4_csa_context_module", "dsv4_csa_generation_module", "dsv4_hca_context_module"),
+            *("dsv4_hca_generation_module", "dsv4_paged_mqa_logits_module", "dsv4_hca_attn_module"),
+            *("dsv4_csa_topk_calib", "mhc"),
         )
     )
 

@@ -82,7 +82,8 @@ def test_mla_bmm_expands_each_op_names_tokens_with_every_head_count(project, pla
 
 def test_the_cpu_grids_are_a_handful_of_torch_cases(planner):
     torch = planner.plan("torch", "cpu", PlanOptions(ops=OPS))
-    assert {op: len(s.ids) for op, s in torch.ops.items()} == {"compute_scale": 4, "scale_matrix": 4, "mla_bmm": 8}
+    # mla_bmm: DeepSeek-V3's (and V3.2's) 16 heads and GLM-5's 8 at TP 8, 2 op_names x 2 dtypes x 2 token counts
+    assert {op: len(s.ids) for op, s in torch.ops.items()} == {"compute_scale": 4, "scale_matrix": 4, "mla_bmm": 16}
     assert set(torch.ops["mla_bmm"].by_dtype) == {"float32", "bfloat16"}
     assert torch.ops["compute_scale"].by_dispatch == {"torch_ops": 4}
     for backend in VERSIONS:
@@ -101,7 +102,7 @@ def test_a_written_plan_hands_runners_the_case_fields(tmp_path):
     bmm = plan.ops["mla_bmm"]
     assert (bmm.table, bmm.family, bmm.op_name) == ("mla_bmm_perf", "mla_bmm", None)  # op_name: each case's
     assert {c.op_name for c in bmm.cases} == {"mla_gen_pre", "mla_gen_post"}
-    assert {c.num_heads for c in bmm.cases} == {16}  # DeepSeek-V3's 128 heads at TP 8
+    assert {c.num_heads for c in bmm.cases} == {8, 16}  # GLM-5's 64 and DeepSeek-V3's 128 heads at TP 8
 
 
 # ---- the reference tables: columns, keys, kernel_source

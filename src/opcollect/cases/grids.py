@@ -400,3 +400,6 @@ GRID_TYPES: dict[str, type[Frozen]] = {
     "comm": CommGrid,
     "custom_allreduce": CustomAllreduceGrid,
 }
+
+# the sparse-attention grids and the DeepSeek-V4 / mHC ones register themselves in GRID_TYPES
+from opcollect.cases import grids_dsv4, grids_sparse  # noqa: E402, F401

@@ -10,12 +10,13 @@ model give the same shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from opcollect.cases import dsv4, sparse
 from opcollect.cases.quantization import QuantizeShape, quantize_shapes, static_fp8
 from opcollect.cases.vision import EncoderShape, Vision, VisionConfig, vision_keys, vision_layout
 from opcollect.errors import InputError
@@ -111,6 +112,10 @@ FAMILIES: dict[str, Family] = {
     "DeepseekV3ForCausalLM": _PLAIN,
     "Glm4MoeForCausalLM": _PLAIN,  # GQA with head_dim; DeepSeek-style experts
     "GptOssForCausalLM": Family(alternating_window=True),
+    "DeepseekV32ForCausalLM": _PLAIN,  # MLA with DSA's indexer keys (cases/sparse.py)
+    "GlmMoeDsaForCausalLM": _PLAIN,
+    "MiniMaxM3ForCausalLM": _PLAIN,  # GQA with MSA's sparse_attention_config (cases/sparse.py)
+    "DeepseekV4ForCausalLM": _PLAIN,  # compressed sparse attention and mHC: its own keys (cases/dsv4.py)
 }
 
 
@@ -169,7 +174,7 @@ class Layout:
 
     hidden: int
     heads: int
-    attention: Gqa | Mla
+    attention: Gqa | Mla | dsv4.Dsv4Attention
     dense: Mlp | None  # the MLP of dense layers, when the model has any
     experts: Experts | None
     vocab: int | None
@@ -185,6 +190,7 @@ class ModelSpec:
     layout: Layout
     notes: tuple[str, ...] = ()  # what a plan reports about this model (e.g. an unknown architecture)
     static_fp8: str | None = None  # the quantization_config format of static FP8 activations (cases/quantization.py)
+    sparse: sparse.Dsa | sparse.Msa | None = None  # DSA or MSA keys (cases/sparse.py)
 
 
 class LeftOut(NamedTuple):
@@ -201,6 +207,8 @@ class ModelShapes:
     left_out: frozenset[LeftOut] = frozenset()  # shapes a TP size could not split, with the reason
     encoder: frozenset[EncoderShape] = frozenset()  # a vision tower's attention heads per rank
     quantize: frozenset[QuantizeShape] = frozenset()  # a static-FP8 model's linear-layer input widths per rank
+    sparse: sparse.Dsa | sparse.Msa | None = None  # the model's sparse attention, at every TP size
+    dsv4: frozenset[dsv4.Dsv4Attention] = frozenset()  # DeepSeek-V4's attention and mHC (cases/dsv4.py)
 
     def notes_for(self, family: str) -> list[str]:
         return sorted(entry.text for entry in self.left_out if entry.family == family)
@@ -276,7 +284,7 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
         if isinstance(lay.attention, Mla):
             out.mla_gemms(lay.heads, lay.attention, tp)
             out.mla.add(MlaShape(lay.heads))  # MLA cases split the total heads themselves
-        else:
+        elif not isinstance(lay.attention, dsv4.Dsv4Attention):  # DeepSeek-V4's are in its module tables
             out.gqa(lay.heads, lay.attention, tp)
         if lay.dense is not None:
             out.mlp(lay.dense, tp, "dense MLP")
@@ -303,6 +311,8 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
         encoder=frozenset(out.encoder),
         # every linear layer's input width k on a rank: what its fp8 activations are quantized at
         quantize=quantize_shapes(spec.static_fp8, {shape.k for shape in out.gemm}),
+        sparse=spec.sparse,
+        dsv4=dsv4.shapes_of(lay.attention),
     )
 
 
@@ -423,13 +433,22 @@ def parse_config(
         if key not in data:
             raise InputError(f"{source}: missing key {key!r} required for {architecture}; add it to the config")
     quantization = data.get("quantization_config")  # read by cases/quantization.py, not a ModelConfig key
-    data = {key: value for key, value in data.items() if key != "quantization_config"}
+    own, data = dsv4.split_keys(architecture, data)  # DeepSeek-V4's keys (cases/dsv4.py), DSA's index_* alike
+    raw = data
+    data = {key: value for key, value in data.items() if key != "quantization_config" and key not in sparse.KEYS}
     try:
         config = ModelConfig.model_validate({**family.defaults, **data})
     except ValidationError as exc:
         raise InputError(describe_validation_error(source, exc)) from None
     layout = _layout(source, architecture, name, config, family, found)
-    return ModelSpec(name, architecture, config, source, layout, tuple(found), static_fp8(source, quantization))
+    if own is not None:
+        layout = replace(layout, attention=dsv4.attention_of(source, architecture, own, config))
+    kv_heads = config.num_key_value_heads
+    mla = config.kv_lora_rank is not None
+    attention = sparse.sparse_attention(source, architecture, raw, mla, config.num_attention_heads, kv_heads)
+    return ModelSpec(
+        name, architecture, config, source, layout, tuple(found), static_fp8(source, quantization), attention
+    )
 
 
 def _name_of(path: Path, data: dict) -> str:
@@ -470,6 +489,8 @@ def read_hf_config(path: Path) -> ModelSpec:
     quantization = data.get("quantization_config", text.get("quantization_config") if isinstance(text, dict) else None)
     if quantization is not None:
         picked["quantization_config"] = quantization
+    picked.update(sparse.config_keys(keys))  # DSA and MSA keys (cases/sparse.py)
+    picked.update(dsv4.pick_keys(arch, keys))  # DeepSeek-V4's (cases/dsv4.py)
     vision = data.get("vision_config")
     if isinstance(vision, dict):  # the vision tower's own keys; another shape of value is named by validation
         picked["vision_config"] = vision_keys(vision)

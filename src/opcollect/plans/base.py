@@ -124,13 +124,18 @@ class OpPlan:
     batch_key: Mapping[str, Callable[[NamedTuple], str]] = field(default_factory=dict)
     # case fields the table places after `latency`, as the reference does (custom_allreduce's backend)
     after_latency: tuple[str, ...] = ()
-    # per backend: case fields whose table column that backend's reference names otherwise (field -> column)
-    columns: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # per backend: case fields whose table column that backend's reference names otherwise (field -> column), or
+    # None for a field its table has no column for (SGLang's dsv4_paged_mqa_logits has no local_num_heads: a value
+    # the other keys fix); the case ID still holds every field
+    columns: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
     # per backend: the dispatch of each case, refining its group's (skips decide on the group's)
     case_dispatch: Mapping[str, CaseDispatch] = field(default_factory=dict)
     # latency is a difference of two timings (compute_scale: dynamic less static quant, clipped at 0 as the reference
     # does): the value rules (tables/values.py) admit a latency of exactly 0 for it, a timed kernel's must be positive
     latency_is_difference: bool = False
+    # the cases whose latency the reference holds as exactly 0 without timing them (dsv4_csa_topk_calib: a top-k that
+    # keeps every token, plans/dsv4_kernels.py trivial_topk); the value rules must admit 0 for these cases only
+    zero_latency: Callable[[NamedTuple], bool] | None = None
     # the least work of one case (plans/work.py), for the speed-of-light bound (tables/physics.py, check R8);
     # None, or None for a case: no bound (compute_scale's latency is a difference of two timings, which may be 0)
     work: Callable[[NamedTuple], Work | None] | None = None

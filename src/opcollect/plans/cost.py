@@ -130,6 +130,23 @@ GPU_EFFICIENCY: dict[str, dict[str, float]] = {
     "mla_generation_module": {"vllm": 0.178, "trtllm": 0.288},
     "mla_bmm": {"vllm": 0.400, "sglang": 0.095, "trtllm": 0.105},
     "encoder_attention": {"vllm": 0.289, "sglang": 0.296, "trtllm": 0.212},
+    # DeepSeek-V4: R8's medians over the H200 reference with plans/dsv4*.py's bounds (projections alone for the modules)
+    "dsv4_csa_context_module": {"vllm": 0.115, "sglang": 0.138},
+    "dsv4_csa_generation_module": {"vllm": 0.134, "sglang": 0.169},
+    "dsv4_hca_context_module": {"vllm": 0.199, "sglang": 0.237},
+    "dsv4_hca_generation_module": {"vllm": 0.178, "sglang": 0.244},
+    "dsv4_paged_mqa_logits_module": {"vllm": 0.140, "sglang": 0.207},
+    "dsv4_hca_attn_module": {"vllm": 0.202},
+    "dsv4_csa_topk_calib": {"sglang": 0.059},
+    "mhc": {"vllm": 0.443, "sglang": 0.429, "trtllm": 0.443},
+    # the sparse-attention modules (plans/dsa.py, dsa_kernels.py, msa.py; MSA's TensorRT-LLM table is rc23's)
+    "dsa_context_module": {"vllm": 0.077, "sglang": 0.086, "trtllm": 0.051},
+    "dsa_generation_module": {"vllm": 0.107, "sglang": 0.218, "trtllm": 0.083},
+    "glm5_mqa_logits_module": {"sglang": 0.341},
+    "glm5_topk_module": {"sglang": 0.197},
+    "glm5_dsa_attn_module": {"sglang": 0.213},
+    "msa_context_module": {"vllm": 0.238, "trtllm": 0.013},
+    "msa_generation_module": {"vllm": 0.336, "trtllm": 0.019},
     "comm": {"nccl": 0.073},
     "custom_allreduce": {"vllm": 0.094, "sglang": 0.078, "trtllm": 0.151},
 }

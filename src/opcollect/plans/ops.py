@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from opcollect.plans import attention, comm, encoder_attention, gemm, mla, mla_bmm, mla_module, moe, quantize
+from opcollect.plans import (
+    attention,
+    comm,
+    dsa,
+    dsa_kernels,
+    dsv4,
+    dsv4_kernels,
+    encoder_attention,
+    gemm,
+    mhc,
+    mla,
+    mla_bmm,
+    mla_module,
+    moe,
+    msa,
+    quantize,
+)
 from opcollect.plans.base import OpPlan
 
 OPS: dict[str, OpPlan] = {
@@ -20,6 +36,16 @@ OPS: dict[str, OpPlan] = {
         mla_module.GENERATION,
         mla_bmm.PLAN,
         encoder_attention.PLAN,
+        dsa.CONTEXT,
+        dsa.GENERATION,
+        dsa_kernels.MQA_LOGITS,
+        dsa_kernels.TOPK,
+        dsa_kernels.DSA_ATTN,
+        msa.CONTEXT,
+        msa.GENERATION,
+        *dsv4.MODULES,
+        *dsv4_kernels.KERNELS,
+        mhc.PLAN,
         comm.PLAN,
         comm.CUSTOM_ALLREDUCE,
     )

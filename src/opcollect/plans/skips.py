@@ -27,6 +27,14 @@ ATTENTION = ["attention_context", "attention_generation"]
 MLA = ["mla_context", "mla_generation"]
 MLA_MODULE = ["mla_context_module", "mla_generation_module"]
 QUANTIZE = ["compute_scale", "scale_matrix"]
+# DeepSeek-V4's attention (plans/dsv4.py, plans/dsv4_kernels.py)
+DSV4_MODULE = ["dsv4_csa_context_module", "dsv4_csa_generation_module", "dsv4_hca_context_module"]
+DSV4_MODULE += ["dsv4_hca_generation_module"]
+DSV4 = [*DSV4_MODULE, "dsv4_paged_mqa_logits_module", "dsv4_hca_attn_module", "dsv4_csa_topk_calib"]
+# DSA (plans/dsa.py), GLM-5's DSA kernels (plans/dsa_kernels.py) and MiniMax-M3's MSA (plans/msa.py)
+DSA = ["dsa_context_module", "dsa_generation_module", "glm5_mqa_logits_module", "glm5_topk_module"]
+DSA += ["glm5_dsa_attn_module"]
+MSA = ["msa_context_module", "msa_generation_module"]
 MAX_RANKS = 1024  # split-size values a parallelism entry lists: every count up to this
 
 
@@ -284,6 +292,83 @@ SKIPS: list[Skip] = [
     # serves the absorb BMM with, and the torch runner refuses it (backends/torch/mla_bmm.py).
     # verified_on: torch==2.13.0
     skip("torch-no-fp8-bmm", backend="torch", op="mla_bmm", dtype="fp8"),
+    # vLLM labels DeepSeek-V4's fp8 (e4m3) KV cache fp8 (collector/vllm/collect_dsv4_attn.py:550, 813), SGLang
+    # fp8_e4m3 (collector/sglang/collect_dsv4_attn.py:373-375, deepseekv4_sparse_modules.py:685-698), each framework's
+    # table holding its own label (the consumer reads both, aiconfigurator-core dsv4.rs:1315-1320): the other label's
+    # cases would time the same cache under another name. The grids hold one sweep per label
+    # (cases/base_ops/dsv4_*.yaml). verified_on: vllm==0.24.0 sglang==0.5.14
+    skip("dsv4-vllm-labels-fp8", backend="vllm", op=DSV4, kv_cache_dtype="fp8_e4m3"),
+    # SGLang's side of dsv4-vllm-labels-fp8: its DeepSeek-V4 tables name the e4m3 KV cache fp8_e4m3 (the server's
+    # kv_cache_dtype, collector/sglang/collect_dsv4_attn.py:373-375), never fp8. verified_on: sglang==0.5.14
+    skip("dsv4-sglang-labels-fp8-e4m3", backend="sglang", op=DSV4, kv_cache_dtype="fp8"),
+    # DeepSeek-V4 has no attention backend below SM90 in vLLM 0.24.0 (_select_dsv4_attn_cls, models/deepseek_v4/
+    # nvidia/model.py:738-769: FlashMLA sparse takes capability majors 9 and 10, sparse_mla.py:94-95, FlashInfer's
+    # DSV4 backend 10 and 12, nvidia/flashinfer_sparse.py:85-86; the reference collector refuses SM89,
+    # collect_dsv4_attn.py:250-261) nor in SGLang 0.5.14 (its dsv4 backend calls sgl_kernel's FlashMLA, Hopper and
+    # Blackwell kernels, or its SM120 port, deepseek_v4_backend.py:1416-1436; the reference collector parks SM89,
+    # collector/sglang/registry.py:148-198): neither serves the model there, its mHC mixing included.
+    # verified_on: vllm==0.24.0 sglang==0.5.14
+    skip("dsv4-needs-sm90", backend=["vllm", "sglang"], op=[*DSV4, "mhc"], sm=["80", "86", "89"]),
+    # The torch backend's DeepSeek-V4 references compute in fp32 or bf16 (cases/base_ops/dsv4_*.yaml narrowed cpu);
+    # an fp8 cache or query would be timed through a dequantize first, no kernel any framework serves (mismeasured).
+    # verified_on: torch==2.13.0
+    skip("torch-no-fp8-dsv4", backend="torch", op=DSV4, kv_cache_dtype=["fp8", "fp8_e4m3"]),
+    # TensorRT-LLM 1.3.0rc20 has no DeepSeek-V4 attention (the reference collector needs 1.3.0rc21,
+    # collector/trtllm/collect_dsv4_attn.py:44, and refuses pre-Blackwell GPUs, collector/trtllm/registry.py:143-184);
+    # the H200 reference holds no TensorRT-LLM dsv4 table. Its mHC runs on its own (plans/mhc.py).
+    # verified_on: trtllm==1.3.0rc20
+    skip("trtllm-no-dsv4-attention", backend="trtllm", op=DSV4),
+    # Only vLLM's collector times the HCA layer's sparse MLA alone (collector/vllm/collect_dsv4_attn.py:674-791); the
+    # consumer reads no such table (aiconfigurator-core 0.12.0 has no loader for it), so SGLang's would be for nothing.
+    skip("dsv4-hca-attn-vllm-only", backend="sglang", op="dsv4_hca_attn_module"),
+    # The top-k calibration corrects SGLang's CSA module rows, whose dummy weights give the indexer all-equal scores
+    # (collector/sglang/collect_dsv4_attn.py:949-959); vLLM's collector writes none (its rows are not corrected: the
+    # consumer applies the file only where it exists, dsv4.rs:467-503), so a vLLM one would correct nothing.
+    skip("dsv4-topk-calib-sglang-only", backend="vllm", op="dsv4_csa_topk_calib"),
+    # SGLang 0.5.14's DeepSeek-V4 hook turns the decode top-k v2 off on SM120 (server_args.py:3796: it needs more
+    # than SM120's 99 KB of shared memory), so decode runs v1 there and a v2 row would time a kernel SGLang does not
+    # serve. verified_on: sglang==0.5.14
+    skip(
+        "sglang-topk-v2-off-on-sm120",
+        backend="sglang",
+        op="dsv4_csa_topk_calib",
+        sm="120",
+        score_mode=["v2_flat", "v2_top_last"],
+    ),
+    # Each framework sweeps the DSA, GLM-5 kernel and MSA modules its own way, so their grids are lists of sweeps,
+    # each naming its backends (cases/base_ops/dsa_*.yaml, glm5_*.yaml, msa_*.yaml; plans/sparse_sweeps.py): a group
+    # of another framework's sweep is no case of this backend. A backend no sweep names has no such table: SGLang no
+    # MSA (0.5.14 has no MiniMax-M3 model), vLLM and TensorRT-LLM no GLM-5 kernel tables (the consumer reads them for
+    # SGLang's context parallelism only), torch these modules on the CPU only (its references are no serving kernel).
+    skip("sparse-module-sweep-of-another-framework", op=[*DSA, *MSA], dispatch="not-this-framework"),
+    # DSA's indexer computes its fp8 MQA logits with DeepGEMM, whose kernels exist for SM90 and the SM100 family only:
+    # vLLM 0.24.0's indexer refuses to build without it (model_executor/layers/sparse_attn_indexer.py:468-472) and its
+    # only sparse MLA backends take capability majors 9 and 10 (v1/attention/backends/mla/flashmla_sparse.py:129-130,
+    # flashinfer_mla_sparse.py:89-90; SM120's fails in DeepGEMM, collector/vllm/collect_mla_module.py:925-938);
+    # TensorRT-LLM refuses DSA from SM120 (collector/trtllm/collect_mla_module.py:803-819: DeepGEMM attention.hpp
+    # "Unsupported architecture") and below SM90 has no MLA kernel (:820-830); SGLang's DSA path runs the same
+    # DeepGEMM logits and FlashMLA kernels (srt/layers/attention/dsa_backend.py; SM120 parked by the reference
+    # collector, collector/sglang/registry.py:91-146). Every case would fail as a block.
+    # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc20
+    skip("dsa-indexer-needs-deepgemm", backend=["vllm", "sglang", "trtllm"], op=DSA, sm=["80", "86", "89", "120"]),
+    # TensorRT-LLM's MiniMax-M3 attention keeps the checkpoint's 4 index heads on every rank and asserts they divide
+    # the rank's KV heads: at 128 heads a rank has 128 / 16 = 8 KV heads, "num_index_heads (4) must be divisible by
+    # num_kv_heads (8)" (collector/trtllm/collect_msa_module.py:436-449; the rc23 reference's sidecar counts its 856
+    # such failures), and serving never has more than 4 KV heads a rank. Every 128-head case fails as a block.
+    # verified_on: trtllm==1.3.0rc23
+    skip("trtllm-msa-index-heads-divide-kv-heads", backend="trtllm", op=MSA, num_heads=128),
+    # MSA's fp8 projections and fp8 cache need the fp8 conversions of SM89 and newer, as fp8-block-needs-sm89 and
+    # fp8-kv-cache-needs-sm89: vLLM's Triton MSA reads the fp8 cache as float8_e4m3fn (models/minimax_m3/common/
+    # sparse_attention.py:298, :352), which Triton compiles from SM89 only.
+    skip("msa-fp8-block-needs-sm89", op=MSA, gemm_type="fp8_block", sm=["80", "86"]),
+    # The same for MSA's fp8 KV cache (msa-fp8-block-needs-sm89 says why).
+    skip("msa-fp8-kv-cache-needs-sm89", op=MSA, kv_cache_dtype="fp8", sm=["80", "86"]),
+    # opcollect has no vLLM, SGLang or TensorRT-LLM runner yet for the sparse and compressed attention modules and
+    # mHC (issue 24; torch has its references, backends/torch/dsa.py, msa.py, dsv4.py, mhc.py): every case would
+    # fail as a block with "no runner". Their grids and dispatch are planned and held to the reference tables with
+    # this entry lifted (tests/test_plan_dsa_msa.py, test_plan_dsv4_mhc.py); an op leaves this list in the change
+    # that adds its runner.
+    skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, "mhc"]),
 ]
 
 

@@ -33,6 +33,10 @@ _MLA = ("mla_dtype", "kv_cache_dtype", "num_heads", "batch_size", "isl", "tp_siz
 _MLA_MODULE = ("model", "architecture", "mla_dtype", "kv_cache_dtype", "gemm_type", "num_heads", "batch_size")
 _MLA_MODULE += ("isl", "tp_size", "step")
 _ENCODER_ATTENTION = ("batch_size", "isl", "num_heads", "head_dim", "attn_dtype")
+_DSV4 = ("model", "architecture", "mla_dtype", "kv_cache_dtype", "gemm_type", "num_heads")
+_DSV4_MODULE = (*_DSV4, "batch_size", "isl", "tp_size", "step", "compress_ratio")
+_DSV4_KERNEL = (*_DSV4, "local_num_heads", "batch_size", "isl", "tp_size", "step", "compress_ratio")
+_MHC = ("op_name", "architecture", "num_tokens", "num_sites", "hc_mult", "hidden_size", "sinkhorn_iters")
 OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gemm": ("gemm_perf", "gemm", ("gemm_dtype", "m", "n", "k")),
     "attention_context": ("context_attention_perf", "attention", _ATTENTION),
@@ -47,6 +51,21 @@ OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "scale_matrix": ("scale_matrix_perf", "quantize", ("m", "k", "quant_dtype")),
     "mla_bmm": ("mla_bmm_perf", "mla_bmm", ("op_name", "bmm_dtype", "num_tokens", "num_heads")),
     "encoder_attention": ("encoder_attention_perf", "encoder_attention", _ENCODER_ATTENTION),
+    "dsv4_csa_context_module": ("dsv4_csa_context_module_perf", "sparse_attention", _DSV4_MODULE),
+    "dsv4_csa_generation_module": ("dsv4_csa_generation_module_perf", "sparse_attention", _DSV4_MODULE),
+    "dsv4_hca_context_module": ("dsv4_hca_context_module_perf", "sparse_attention", _DSV4_MODULE),
+    "dsv4_hca_generation_module": ("dsv4_hca_generation_module_perf", "sparse_attention", _DSV4_MODULE),
+    "dsv4_paged_mqa_logits_module": ("dsv4_paged_mqa_logits_module_perf", "sparse_attention", _DSV4_KERNEL),
+    "dsv4_hca_attn_module": ("dsv4_hca_attn_module_perf", "sparse_attention", _DSV4_KERNEL),
+    "dsv4_csa_topk_calib": ("dsv4_csa_topk_calib_perf", "sparse_attention", (*_DSV4_MODULE, "score_mode")),
+    "mhc": ("mhc_module_perf", "mhc", _MHC),
+    "dsa_context_module": ("dsa_context_module_perf", "sparse_attention", ("op_name", *_MLA_MODULE)),
+    "dsa_generation_module": ("dsa_generation_module_perf", "sparse_attention", ("op_name", *_MLA_MODULE)),
+    "glm5_mqa_logits_module": ("glm5_mqa_logits_module_perf", "sparse_attention", (*_MLA_MODULE, "compress_ratio")),
+    "glm5_topk_module": ("glm5_topk_module_perf", "sparse_attention", (*_MLA_MODULE, "compress_ratio", "score_mode")),
+    "glm5_dsa_attn_module": ("glm5_dsa_attn_module_perf", "sparse_attention", (*_MLA_MODULE, "compress_ratio")),
+    "msa_context_module": ("msa_context_module_perf", "msa", _MLA_MODULE),
+    "msa_generation_module": ("msa_generation_module_perf", "msa", _MLA_MODULE),
     "comm": ("nccl_perf", "comm", ("nccl_dtype", "op_name", "num_gpus", "message_size")),
     "custom_allreduce": ("custom_allreduce_perf", "comm", ("allreduce_dtype", "num_gpus", "message_size", "backend")),
 }  # fmt: skip
@@ -55,6 +74,7 @@ TEXT_FIELDS = frozenset(
     {"gemm_dtype", "attn_dtype", "kv_cache_dtype", "moe_dtype", "distribution", "mla_dtype", "model"}
     | {"architecture", "gemm_type", "nccl_dtype", "op_name", "allreduce_dtype", "backend"}
     | {"quant_dtype", "bmm_dtype"}
+    | {"score_mode"}  # dsv4_csa_topk_calib, glm5_topk_module
 )
 # counts that may be 0: the first decode step, and window_size 0 for full attention
 ZERO_FIELDS = frozenset({"step", "window_size"})

@@ -55,6 +55,24 @@ KNOWN_VALUES: dict[str, frozenset[str]] = {
     "kv_cache_dtype": frozenset({"bfloat16", "int8", "fp8"}),
     "nccl_dtype": frozenset({"half", "int8", "fp8"}),
 }
+# values a table's own loader takes beyond the enums: the DeepSeek-V4 module loader normalises fp8_e4m3 to fp8
+# (aiconfigurator-core dsv4.rs:1315-1320), its paged-MQA and top-k loaders read no dtype column (:815-962), and no
+# quant mode is built from these tables; SGLang's rows say fp8_e4m3, as the reference's do (plans/dsv4.py)
+_DSV4_E4M3 = {"mla_dtype": frozenset({"fp8_e4m3"}), "kv_cache_dtype": frozenset({"fp8_e4m3"})}
+TABLE_VALUES: dict[str, dict[str, frozenset[str]]] = {
+    f"dsv4_{name}_perf": _DSV4_E4M3
+    for name in ("csa_context_module", "csa_generation_module", "hca_context_module", "hca_generation_module")
+    + ("paged_mqa_logits_module", "hca_attn_module", "csa_topk_calib")
+}
+# the GLM-5 kernel tables' loader reads no dtype column either (load_sparse_parquet, aiconfigurator-core
+# perf_database/dsa.rs:1153-1210): SGLang's rows keep the reference's fp8_e4m3 labels (plans/dsa_kernels.py)
+TABLE_VALUES.update({f"glm5_{name}_module_perf": _DSV4_E4M3 for name in ("mqa_logits", "topk", "dsa_attn")})
+
+
+def known_values(table: str) -> dict[str, frozenset[str]]:
+    """KNOWN_VALUES with what ``table``'s own loader takes besides (TABLE_VALUES)."""
+    extra = TABLE_VALUES.get(table, {})
+    return {column: known | extra.get(column, frozenset()) for column, known in KNOWN_VALUES.items()}
 
 
 def read_as_table(name: str) -> bool:

@@ -32,11 +32,11 @@ def r8(path: Path, perf: pa.Table, schema: TableSchema, figures: Figures, strict
     op: OpPlan = schema.op
     if op.work is None:
         return []
-    columns = [schema.column(name) for name in op.fields]
-    missing = [c for c in (*columns, "latency") if c not in perf.column_names]
+    columns = [schema.column(name) for name in op.fields]  # None: a field this backend's table has no column for
+    missing = [c for c in (*columns, "latency") if c is not None and c not in perf.column_names]
     if missing:
         return [Finding("R8", str(path), "no bound: key columns missing", tuple(missing), warning=True)]
-    values = [perf[c].to_pylist() for c in columns]
+    values = [perf[c].to_pylist() if c is not None else [None] * perf.num_rows for c in columns]
     latencies = perf["latency"].to_pylist()
     fast, fractions = [], []
     for row, (latency, *fields) in enumerate(zip(latencies, *values)):
@@ -69,7 +69,7 @@ def r8(path: Path, perf: pa.Table, schema: TableSchema, figures: Figures, strict
 
 
 def _key(columns: list[str], values: list[list], row: int) -> str:
-    return ",".join(f"{c}={v[row]}" for c, v in zip(columns, values))
+    return ",".join(f"{c}={v[row]}" for c, v in zip(columns, values) if c is not None)
 
 
 def _row(columns, values, row: int, latency: float, b: Bound, f: Figures) -> str:

@@ -51,6 +51,21 @@ SWEEP_AXIS = {
     "scale_matrix": "m",
     "mla_bmm": "num_tokens",
     "encoder_attention": "isl",
+    "dsv4_csa_context_module": "isl",
+    "dsv4_csa_generation_module": "batch_size",
+    "dsv4_hca_context_module": "isl",
+    "dsv4_hca_generation_module": "batch_size",
+    "dsv4_paged_mqa_logits_module": "step",
+    "dsv4_hca_attn_module": "step",
+    "dsv4_csa_topk_calib": "step",
+    "mhc": "num_tokens",
+    "dsa_context_module": "isl",
+    "dsa_generation_module": "batch_size",
+    "glm5_mqa_logits_module": "step",
+    "glm5_topk_module": "step",
+    "glm5_dsa_attn_module": "step",
+    "msa_context_module": "isl",
+    "msa_generation_module": "batch_size",
     "comm": "message_size",
     "custom_allreduce": "message_size",
 }
@@ -68,11 +83,12 @@ class TableSchema:
 
     @property
     def key_fields(self) -> tuple[str, ...]:
-        """Every case field, named as the plan names it (op_name among them for comm)."""
-        return self.op.fields
+        """Every case field the table has a column for, named as the plan names it (op_name among them for comm):
+        all of them but those this backend's table lacks (OpPlan.columns None)."""
+        return tuple(f for f in self.op.fields if self.column(f) is not None)
 
-    def column(self, field: str) -> str:
-        """The table column of a case field, for this schema's backend."""
+    def column(self, field: str) -> str | None:
+        """The table column of a case field, for this schema's backend; None where its table has none."""
         return self.op.columns.get(self.backend or "", {}).get(field, field)
 
     @property
