@@ -28,6 +28,23 @@ OPS = {
     "mla_bmm",
     "encoder_attention",
     "comm",
+    # issue 24: DeepSeek-V4's attention modules and kernels, mHC (backends/torch/dsv4.py, mhc.py)
+    "dsv4_csa_context_module",
+    "dsv4_csa_generation_module",
+    "dsv4_hca_context_module",
+    "dsv4_hca_generation_module",
+    "dsv4_paged_mqa_logits_module",
+    "dsv4_hca_attn_module",
+    "dsv4_csa_topk_calib",
+    "mhc",
+    # issue 24: DSA, GLM-5 and MSA modules (backends/torch/dsa.py, msa.py)
+    "dsa_context_module",
+    "dsa_generation_module",
+    "glm5_mqa_logits_module",
+    "glm5_topk_module",
+    "glm5_dsa_attn_module",
+    "msa_context_module",
+    "msa_generation_module",
 }
 # the reference tables of the issue-22 families, copied into tests/data (see their README.md)
 QUANT_BMM = TESTS / "data" / "reference" / "quant_bmm_tables"
@@ -129,8 +146,9 @@ except Exception as exc:
 
 
 def test_the_consumer_opens_the_smoke_tree_strictly(smoke, consumer_python, tmp_path):  # noqa: F811
-    """aiconfigurator-core's strict provenance accounts for every table of the CPU tree, the issue-22 families
-    among them; its engine takes only the vllm, sglang and trtllm backends, so the torch tree opens as data."""
+    """aiconfigurator-core's strict provenance accounts for every table of the CPU tree, the issue-22 and issue-24
+    families among them; its engine takes only the vllm, sglang and trtllm backends, so the torch tree opens as
+    data."""
     _, tables, done = smoke
     assert done.returncode == 0, done.stderr[-3000:]
     [version] = {p.name for p in (tables / "cpu" / "mla_bmm" / "torch").iterdir()}
@@ -143,7 +161,7 @@ def test_the_consumer_opens_the_smoke_tree_strictly(smoke, consumer_python, tmp_
     opened = load(tables)
     assert opened.returncode == 0, opened.stderr[-2000:]
     # the load read these families' directories: a file their collection_meta.yaml does not list is refused
-    for family in ("quantize", "mla_bmm", "encoder_attention"):
+    for family in ("quantize", "mla_bmm", "encoder_attention", "sparse_attention", "mhc"):
         planted = tmp_path / family
         shutil.copytree(tables, planted)
         (planted / "cpu" / family / "torch" / version / "stray_perf.parquet").write_bytes(b"")

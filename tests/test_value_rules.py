@@ -2,8 +2,8 @@
 check enforces the same rules on what TABLES holds.
 
 A rule: latency finite and positive (>= 0 for compute_scale, a difference of two timings), 0 <= p25 <= latency
-<= p75 all finite, samples >= 1, noise finite and >= 0, timing graph/eager/cpu, key columns equal to their case ID,
-timestamps that parse and are not in the future.
+<= p75 all finite, samples >= 1, noise finite and >= 0, timing graph/eager/cpu (none: a case the plan holds at 0,
+not run), key columns equal to their case ID, timestamps that parse and are not in the future.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_merge_admits_only_records_that_pass_the_value_rules(tmp_path):
     assert (
         "(2 not a record, 1 status neither ok nor failed, 2 recorded_at unparsable or in the future, 4 latency not "
         "finite and positive, 2 0 <= p25 <= latency <= p75 broken, 1 samples below 1, 2 noise not finite and >= 0, 1 "
-        "timing not one of graph, eager, cpu)"
+        "timing not one of graph, eager, cpu, none)"
     ) in done.stdout, done.stdout
     assert _ids(tables) == {_id(16)}  # none of the broken records became a row, nor a failure
     assert pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet").num_rows == 0

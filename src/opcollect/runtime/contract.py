@@ -80,6 +80,9 @@ class Runner:
     prepare: Callable[..., Prepared] | None = None  # (case, dispatch, device, copies) -> Prepared
     measure_row: Callable[..., list[Measured]] | None = None  # (cases, device, config) -> list[Measured]
     versions: frozenset[str] | None = None  # the framework versions it serves; None: every version
+    # the cases the plan holds at latency exactly 0 (OpPlan.zero_latency, which the runtime does not import): the
+    # harness writes them without running them (runtime/timing.py measure_cases, timing "none")
+    untimed: Callable[[Any], bool] | None = None
 
 
 class Registry:

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
-Timing = Literal["graph", "eager", "cpu"]
+# how a row was timed; "none": not run, a case the plan holds at latency 0 (untimed(), OpPlan.zero_latency)
+Timing = Literal["graph", "eager", "cpu", "none"]
 CAP_MIN_SAMPLES = 3
 HARD_CAP_FACTOR = 4.0
 
@@ -58,6 +59,13 @@ class Stats:
     threads: int | None = None
     sm_clock_mhz: float | None = None
     throttled_dropped: int = 0
+
+
+def untimed() -> Stats:
+    """The Stats of a case written without running it: one the plan holds at latency exactly 0 (OpPlan.zero_latency,
+    e.g. a top-k that keeps every entry, whose reference row is 0: plans/dsv4_kernels.py trivial_topk). Latency and
+    its quartiles 0, no sample, timing "none": the value rules admit it on such a case alone (tables/values.py)."""
+    return Stats(0.0, 0.0, 0.0, 0, 0.0, "none", 0, 0.0, 0.0, l2="none")
 
 
 def difference(minuend: Stats, subtrahend: Stats) -> Stats:

@@ -15,6 +15,7 @@ from opcollect.runtime.harness import (
     measure_cpu,
     sample_until_stable,
     summarize,
+    untimed,
 )
 from opcollect.runtime.observe import observe
 
@@ -184,6 +185,9 @@ def measure_cases(runner, dispatch: str, cases: list, device: str, config: Timin
         return runner.measure_row(cases, device, config)
     results = []
     for case in cases:
+        if runner.untimed is not None and runner.untimed(case):
+            results.append(Measured(untimed(), dispatch))  # the plan holds it at 0: nothing runs, nothing observed
+            continue
         built: list[Prepared] = []
         stats, kernel = measure(
             partial(_kept, built, partial(runner.prepare, case, dispatch, device)),

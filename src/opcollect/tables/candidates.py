@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from opcollect.tables.ingest import RunData
 from opcollect.tables.observed import attach_stored
 from opcollect.tables.schema import TableSchema, read_parquet, table_files
-from opcollect.tables.values import Fault, any_fault, key_faults, measured_faults
+from opcollect.tables.values import Fault, any_fault, key_faults, measured_faults, schema_untimed
 
 CANDIDATE_TYPES = {
     "ok": pa.bool_(),
@@ -86,7 +86,10 @@ def new_candidates(run: RunData, op: str, schema: TableSchema) -> pa.Table:
 def admitted(candidates: pa.Table, schema: TableSchema) -> tuple[pa.Table, list[Fault]]:
     """The candidates that pass the value rules (tables/values.py), and the faults of those that do not: a
     measured row's values, and every row's key columns against its case ID."""
-    measured = measured_faults(candidates, where=candidates["ok"], difference=schema.op.latency_is_difference)
+    untimed = schema_untimed(candidates, schema, by_field=True)  # zero-latency cases (OpPlan.zero_latency)
+    measured = measured_faults(
+        candidates, where=candidates["ok"], difference=schema.op.latency_is_difference, untimed=untimed
+    )
     faults = measured + key_faults(candidates, schema, column_of=str)
     if not faults:
         return candidates, []

@@ -35,7 +35,7 @@ from opcollect.tables.noise import (
     classify,
 )
 from opcollect.tables.schema import TableSchema, read_parquet, read_parquet_schema, schemas
-from opcollect.tables.values import measured_faults
+from opcollect.tables.values import measured_faults, schema_untimed
 
 STEP_TOLERANCE = 0.05  # a latency that drops by more than this along the sweep axis is non-monotonic
 QUARTILES = ("latency_p25", "latency_p75", "samples")  # absent from the reference tables: those compare by ratio
@@ -118,7 +118,9 @@ def _measured(path: Path, table: pa.Table, schema: TableSchema) -> tuple[pa.Tabl
     (finite and positive; >= 0 for an op whose latency is a difference of two timings), and a difference of 0 is a
     value but no ratio."""
     left = []
-    [fault] = measured_faults(table.select(["latency"]), difference=schema.op.latency_is_difference) or [None]
+    untimed = schema_untimed(table, schema)  # zero-latency cases (OpPlan.zero_latency)
+    faults = measured_faults(table.select(["latency"]), difference=schema.op.latency_is_difference, untimed=untimed)
+    [fault] = faults or [None]
     if fault is not None:
         table = table.filter(pc.invert(fault.mask))
         left.append(f"{path}: left out {fault.count} rows: {fault.what}")
@@ -126,7 +128,8 @@ def _measured(path: Path, table: pa.Table, schema: TableSchema) -> tuple[pa.Tabl
     zeros = pc.sum(zero).as_py() or 0
     if zeros:
         table = table.filter(pc.invert(zero))
-        left.append(f"{path}: left out {zeros} rows: latency 0 (a difference of two timings), no ratio")
+        why = "a difference of two timings" if schema.op.latency_is_difference else "a case the plan holds at 0"
+        left.append(f"{path}: left out {zeros} rows: latency 0 ({why}), no ratio")
     return table, left
 
 

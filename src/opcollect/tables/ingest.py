@@ -24,7 +24,7 @@ from opcollect.runtime.rundir import read_identity
 from opcollect.runtime.shards import MAX_SHARD_BYTES, SHARD_FIX, read_lines, shard_paths
 from opcollect.tables.observed import joined
 from opcollect.tables.schema import MEASURED, schema_for_op
-from opcollect.tables.values import Timestamp, any_fault, record_faults, tally
+from opcollect.tables.values import Timestamp, any_fault, record_faults, tally, untimed_case_ids
 from opcollect.yamlio import describe_validation_error
 
 MAX_EVENT_BYTES = 16 * MIB  # an event is one JSON object of a few hundred bytes
@@ -181,7 +181,7 @@ def load_run(run_dir: Path) -> RunData:
     records = lines.filter(pc.is_valid(lines["case_id"])).select([c for c in CASE_FIELDS if c != "kind"]).flatten()
     # the observed kernels as one string per record: joins carry no list column (tables/observed.py)
     records = records.set_column(records.schema.get_field_index("kernels"), "kernels", joined(records["kernels"]))
-    faults = record_faults(records)
+    faults = record_faults(records, untimed_ids=untimed_case_ids(plan_cases))  # a 0 on a zero-latency case alone
     if faults:  # a record that fails the value rules is garbage too: merge admits none of it
         kept = records.filter(pc.invert(any_fault(faults, records.num_rows)))
         garbage += records.num_rows - kept.num_rows

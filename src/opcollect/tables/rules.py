@@ -3,8 +3,9 @@
 R1 schema   each file reads as parquet; columns, types and order are the table's schema
 R2 keys     no two rows share a key
 R3 values   no nulls; the value rules merge admits rows by (tables/values.py): latency finite and positive
-            (>= 0 for an op whose latency is a difference of two timings: compute_scale),
-            0 <= p25 <= latency <= p75 all finite, samples >= 1, noise finite and >= 0, timing graph/eager/cpu
+            (>= 0 for an op whose latency is a difference of two timings: compute_scale, and for a case the plan
+            holds at 0: OpPlan.zero_latency), 0 <= p25 <= latency <= p75 all finite, samples >= 1, noise finite
+            and >= 0, timing graph/eager/cpu (none, not run, on a zero-latency case alone)
 R4 account  every planned case is a row or a failure (a partial table's gaps are warnings), once,
             and nothing outside the plan is present
 R5 prov.    collection_meta.yaml validates against the consumer's schema and says what our record
@@ -38,7 +39,7 @@ from opcollect.tables import consumer
 from opcollect.tables import provenance as pv
 from opcollect.tables import sidecar as sc
 from opcollect.tables.schema import TableSchema, read_parquet, schemas, table_files
-from opcollect.tables.values import key_faults, measured_faults
+from opcollect.tables.values import key_faults, measured_faults, schema_untimed
 from opcollect.tables.verify import MANIFEST, list_tree, read_manifest_files, sha256_file
 from opcollect.yamlio import read_yaml, validate
 
@@ -115,7 +116,8 @@ def _r3(path: Path, table: pa.Table, schema: TableSchema) -> list[Finding]:
                     "R3", str(path), f"{table[name].null_count} nulls in {name}", _ids(table, pc.is_null(table[name]))
                 )
             )
-    faults = measured_faults(table, difference=schema.op.latency_is_difference)
+    untimed = schema_untimed(table, schema)  # zero-latency cases (OpPlan.zero_latency)
+    faults = measured_faults(table, difference=schema.op.latency_is_difference, untimed=untimed)
     found += [Finding(f.rule, str(path), f.what, _ids(table, f.mask)) for f in faults]
     return found
 
@@ -251,7 +253,7 @@ def _known_values(path: Path, perf: pa.Table, warning: bool) -> list[Finding]:
     """R6: a dtype value the consumer has no quant mode for drops the whole op from its support matrix."""
     unknown = [
         f"{column}={value}"
-        for column, known in consumer.KNOWN_VALUES.items()
+        for column, known in consumer.known_values(path.stem).items()  # the table's own loader's values too
         if column in perf.column_names
         for value in sorted(set(pc.unique(perf[column]).to_pylist()) - known)
     ]

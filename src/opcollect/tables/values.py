@@ -1,8 +1,10 @@
 """The value rules a row must pass to be in a table: merge admits only rows that pass them, check enforces them.
 
 measured   latency finite and positive (finite and >= 0 for an op whose latency is a difference of two timings,
-           OpPlan.latency_is_difference: compute_scale); p25 and p75 finite, 0 <= p25 <= latency <= p75;
-           samples >= 1; noise finite and >= 0; timing one the harness writes (runtime/harness.py Timing)
+           OpPlan.latency_is_difference: compute_scale, and for a case the plan holds at 0, OpPlan.zero_latency:
+           a top-k that keeps every entry); p25 and p75 finite, 0 <= p25 <= latency <= p75; samples >= 1; noise
+           finite and >= 0; timing one the harness writes (runtime/harness.py Timing), "none" (not run: latency,
+           p75 and samples 0) on a zero-latency case alone
 keys       every key column holds the value its case ID names (``op:<dtype>:field=value,...``)
 times      a timestamp parses as ISO 8601 with its UTC offset and is not in the future
 
@@ -16,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import reduce
-from typing import Annotated, Callable, get_args
+from typing import Annotated, Callable, Mapping, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import AfterValidator
 
+from opcollect.plans.base import OpPlan
 from opcollect.plans.ops import OPS
 from opcollect.runtime.harness import Timing
 from opcollect.tables.schema import TableSchema
@@ -29,6 +32,8 @@ from opcollect.tables.schema import TableSchema
 TIMINGS = tuple(get_args(Timing))
 # ops whose latency is a difference of two timings, clipped at 0 (runtime/harness.py difference()): 0 is a value
 DIFFERENCE_OPS = tuple(sorted(name for name, op in OPS.items() if op.latency_is_difference))
+# ops with cases the plan holds at latency 0, written without running (OpPlan.zero_latency, runtime/harness.py untimed)
+UNTIMED_OPS = tuple(sorted(name for name, op in OPS.items() if op.zero_latency is not None))
 # clocks of the hosts that collect and the one that merges may differ by a little; more than this is no clock skew
 CLOCK_SKEW = timedelta(minutes=10)
 
@@ -53,19 +58,55 @@ def _finite(values):
     return pc.is_finite(pc.cast(values, pa.float64()))
 
 
+Mask = bool | pa.ChunkedArray | pa.Array  # a rule's rows: all (True), none (False) or a boolean mask
+
+
+def _either(a: Mask, b: Mask) -> Mask:
+    if isinstance(a, bool) and isinstance(b, bool):
+        return a or b
+    if isinstance(a, bool):
+        return True if a else b
+    if isinstance(b, bool):
+        return True if b else a
+    return pc.or_(pc.fill_null(a, False), pc.fill_null(b, False))
+
+
+def untimed_rows(table: pa.Table, op: OpPlan, column_of: Callable[[str], str | None] = lambda field: field) -> Mask:
+    """The rows whose case the plan holds at latency exactly 0 (OpPlan.zero_latency): False for an op without such
+    cases or a table without its key columns. ``column_of``: a case field's column (None: the table has none, the
+    case gets None there)."""
+    if op.zero_latency is None:
+        return False
+    columns = [column_of(name) for name in op.fields]
+    if any(c is not None and c not in table.column_names for c in columns):
+        return False
+    values = [table[c].to_pylist() if c is not None else [None] * table.num_rows for c in columns]
+    return pa.array([bool(op.zero_latency(op.case_type(*row))) for row in zip(*values)], pa.bool_())
+
+
+def schema_untimed(table: pa.Table, schema: TableSchema, by_field: bool = False) -> Mask:
+    """untimed_rows of a stored table (columns as the schema's backend names them) or, ``by_field``, of candidates
+    (columns named by field, those the table lacks absent)."""
+    if by_field:
+        return untimed_rows(table, schema.op, lambda f: f if schema.column(f) is not None else None)
+    return untimed_rows(table, schema.op, schema.column)
+
+
 def measured_faults(
-    table: pa.Table, prefix: str = "", where=None, difference: bool | pa.ChunkedArray | pa.Array = False
+    table: pa.Table, prefix: str = "", where=None, difference: Mask = False, untimed: Mask = False
 ) -> list[Fault]:
     """The measured columns' rules over ``table``'s ``<prefix>latency`` etc.; ``where`` (a boolean mask) limits
     them to the measured rows of a table that holds failures too. ``difference``: whether the rows' latency is a
-    difference of two timings (OpPlan.latency_is_difference), which may be exactly 0; a bool for a table of one op,
-    a boolean mask for records of several. A table without the quantile columns (the legacy reference tables) is
-    held to the latency rule alone."""
+    difference of two timings (OpPlan.latency_is_difference), which may be exactly 0; ``untimed``: whether the rows'
+    case is one the plan holds at 0 (untimed_rows), which may be 0 and may be written without running (timing
+    "none"); each a bool for a table of one op, a boolean mask for records of several. A table without the
+    quantile columns (the legacy reference tables) is held to the latency rule alone."""
     names = set(table.column_names)
 
     def column(name: str):
         return table[prefix + name]
 
+    difference = _either(difference, untimed)  # a latency of 0 is a value on either kind of row
     latency = column("latency")
     # (what, ok, the rows it applies to: None for all)
     rules = []
@@ -79,12 +120,23 @@ def measured_faults(
     if {prefix + n for n in ("latency_p25", "latency_p75", "samples", "noise", "timing")} <= names:
         p25, p75, noise = column("latency_p25"), column("latency_p75"), column("noise")
         in_order = pc.and_(pc.greater_equal(p25, 0), pc.and_(pc.less_equal(p25, latency), pc.less_equal(latency, p75)))
+        samples, none = column("samples"), pc.fill_null(pc.equal(column("timing"), "none"), False)
+        # a row written without running (runtime/harness.py untimed): no sample, 0 throughout, a zero-latency case
+        not_run = pc.and_(none, pc.equal(samples, 0))
         rules += [
             ("0 <= p25 <= latency <= p75 broken", pc.and_(pc.and_(_finite(p25), _finite(p75)), in_order), None),
-            ("samples below 1", pc.greater_equal(column("samples"), 1), None),
+            ("samples below 1", pc.or_(pc.greater_equal(samples, 1), not_run), None),
+            (
+                "timing none with a latency",
+                pc.or_(pc.invert(none), pc.and_(pc.equal(latency, 0), pc.equal(p75, 0))),
+                None,
+            ),
             ("noise not finite and >= 0", pc.and_(_finite(noise), pc.greater_equal(noise, 0)), None),
             (f"timing not one of {', '.join(TIMINGS)}", pc.is_in(column("timing"), value_set=pa.array(TIMINGS)), None),
         ]
+        if untimed is not True:  # timing none on a case the plan times
+            timed = None if untimed is False else pc.invert(pc.fill_null(untimed, False))
+            rules.append(("timing none on a case the plan times", pc.invert(none), timed))
     faults = []
     for what, ok, scope in rules:
         bad = _bad(ok)
@@ -95,10 +147,22 @@ def measured_faults(
     return [f for f in faults if f.count]
 
 
-def record_faults(records: pa.Table, now: datetime | None = None) -> list[Fault]:
+def untimed_case_ids(plan_cases: Mapping[str, pa.Table]) -> pa.Array:
+    """The case IDs of a plan's zero-latency cases (untimed_rows over each op's planned cases: ingest.py's
+    plan_cases, the case ID and every field by name)."""
+    found = []
+    for op, cases in plan_cases.items():
+        mask = untimed_rows(cases, OPS[op])
+        if mask is not False:
+            found += cases["case_id"].filter(mask).to_pylist()
+    return pa.array(found, pa.string())
+
+
+def record_faults(records: pa.Table, now: datetime | None = None, untimed_ids: pa.Array | None = None) -> list[Fault]:
     """The rules over shard records (stats flattened to ``stats.<name>``): a status the runtime writes, an
     attempt >= 1 and a recorded_at that passes the time rule, and a measured record's stats the measured rules
-    (a latency of 0 admitted where the record's op is one of DIFFERENCE_OPS)."""
+    (a latency of 0 admitted where the record's op is one of DIFFERENCE_OPS or its case one of ``untimed_ids``,
+    timing none on the latter alone; without them, on any record of UNTIMED_OPS)."""
     status = records["status"]
     faults = [
         Fault("R3", "status neither ok nor failed", _bad(pc.is_in(status, value_set=pa.array(["ok", "failed"])))),
@@ -107,7 +171,12 @@ def record_faults(records: pa.Table, now: datetime | None = None) -> list[Fault]
     late = time_fault(records["recorded_at"], "recorded_at unparsable or in the future", now)
     faults += [late] if late is not None else []
     differences = pc.is_in(records["op"], value_set=pa.array(DIFFERENCE_OPS, pa.string()))
-    faults += measured_faults(records, "stats.", where=pc.equal(status, "ok"), difference=differences)
+    if untimed_ids is not None:  # the plan's zero-latency cases (untimed_case_ids)
+        untimed = pc.is_in(records["case_id"], value_set=untimed_ids)
+    else:  # no plan at hand: a record of an op with zero-latency cases may be one
+        untimed = pc.is_in(records["op"], value_set=pa.array(UNTIMED_OPS, pa.string()))
+    ok = pc.equal(status, "ok")
+    faults += measured_faults(records, "stats.", where=ok, difference=differences, untimed=untimed)
     return [f for f in faults if f.count]
 
 

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from functools import partial
 
-from opcollect.backends.torch import attention, comm, encoder_attention, gemm, mla, mla_bmm, moe, quantize
+from opcollect.backends.torch import (
+    attention,
+    comm,
+    dsa,
+    dsv4,
+    dsv4_kernels,
+    encoder_attention,
+    gemm,
+    mhc,
+    mla,
+    mla_bmm,
+    moe,
+    msa,
+    quantize,
+)
 from opcollect.runtime import devices as hardware
 from opcollect.runtime import timing
 from opcollect.runtime.contract import ANY_DISPATCH, Measured, Registry, Runner
@@ -39,6 +53,22 @@ RUNNERS.add("compute_scale", Runner(quantize.compute_scale_footprint, quantize.p
 RUNNERS.add("scale_matrix", Runner(quantize.scale_matrix_footprint, quantize.prepare_scale_matrix))
 RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
 RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
+for _kind in ("csa", "hca"):  # one reference module: the case's compress_ratio and isl tell its kind and phase
+    for _suffix in ("context", "generation"):
+        RUNNERS.add(f"dsv4_{_kind}_{_suffix}_module", Runner(dsv4.footprint, dsv4.prepare))
+RUNNERS.add("dsv4_paged_mqa_logits_module", Runner(dsv4_kernels.paged_footprint, dsv4_kernels.prepare_paged))
+RUNNERS.add("dsv4_hca_attn_module", Runner(dsv4_kernels.hca_footprint, dsv4_kernels.prepare_hca))
+RUNNERS.add(
+    "dsv4_csa_topk_calib",
+    Runner(dsv4_kernels.topk_footprint, dsv4_kernels.prepare_topk, untimed=dsv4_kernels.trivial),
+)
+RUNNERS.add("mhc", Runner(mhc.footprint, mhc.prepare))
+for _phase in ("context", "generation"):  # one module each: the case's isl is its phase, op_name its indexer
+    RUNNERS.add(f"dsa_{_phase}_module", Runner(dsa.module_footprint, dsa.prepare_module))
+    RUNNERS.add(f"msa_{_phase}_module", Runner(msa.footprint, msa.prepare))
+RUNNERS.add("glm5_mqa_logits_module", Runner(dsa.mqa_footprint, dsa.prepare_mqa))
+RUNNERS.add("glm5_topk_module", Runner(dsa.topk_footprint, dsa.prepare_topk, untimed=dsa.trivial_topk))
+RUNNERS.add("glm5_dsa_attn_module", Runner(dsa.attn_footprint, dsa.prepare_attn))
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # one process group times a whole row
 
 

@@ -43,6 +43,18 @@ KERNELS = {
     "per_expert_loop": Meaning((CUBLAS, r"^aten::(linear|addmm|mm|matmul)$")),
     "torch.mla_absorbed": Meaning((CUBLAS, r"^aten::bmm$")),
     "torch.bmm": Meaning((CUBLAS, r"^aten::bmm$")),
+    # the DeepSeek-V4 and mHC references (backends/torch/dsv4.py, dsv4_kernels.py, mhc.py): their GEMMs and bmm's
+    "torch_dsv4_attention": Meaning((CUBLAS, r"^aten::(matmul|mm|bmm|einsum)$")),
+    "torch_paged_mqa_logits": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
+    "torch_sparse_mla": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
+    "torch.topk": Meaning((r"topk|sort|radix", r"^aten::topk$")),
+    "torch_mhc_pre": Meaning((CUBLAS, r"^aten::(matmul|mm)$")),
+    "torch_mhc_post": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
+    # the DSA and MSA references (backends/torch/dsa.py, msa.py): their GEMMs, einsums and bmm's
+    "torch.dsa_reference": Meaning((CUBLAS, r"^aten::(matmul|mm|bmm|einsum)$")),
+    "torch.msa_reference": Meaning((CUBLAS, r"^aten::(matmul|mm|bmm|einsum)$")),
+    "torch.mqa_logits": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
+    "torch.sparse_mla": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "gloo": Meaning(unobservable=ROW_RUNNER),
 }
