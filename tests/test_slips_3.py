@@ -3,6 +3,8 @@ tests, run with scripts/mutants.py --map against every test that reaches their l
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -103,3 +105,37 @@ def test_block_fp8_moe_keeps_only_the_splits_whose_rank_inter_size_is_whole_bloc
     tp_of = {d: {v[MoeCase._fields.index("moe_tp_size")] for v in g.values} for d, g in groups.items()}
     assert tp_of["bfloat16"] == {1, 2, 4}
     assert tp_of["fp8_block"] == {1, 2}
+
+
+def test_a_plan_file_with_an_empty_name_is_refused_naming_the_column(tmp_path):
+    from conftest import gemm_plan
+
+    from opcollect.errors import InputError
+    from opcollect.runtime.planfile import read_plan
+
+    path = gemm_plan(tmp_path / "plan.json", [(1, 64, 64)])
+    data = json.loads(path.read_text())
+    data["ops"]["gemm"]["columns"]["gemm_dtype"] = [""]
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"columns\.gemm_dtype.*'' is not a name of 1 to 128 characters"):
+        read_plan(path)
+
+
+def test_a_slurm_resume_resubmits_every_shard_not_done_incomplete_ones_too(tmp_path, monkeypatch):
+    """A shard Slurm says nothing about and whose run is unfinished ("incomplete") is resubmitted with the failed."""
+    from opcollect.cluster import submit
+    from opcollect.cluster.record import SlurmRecord, write_record
+    from opcollect.cluster.scripts import SlurmOptions
+    from opcollect.cluster.status import ShardStatus
+
+    states = [
+        ShardStatus(0, "done", 4, 0, 4, "COMPLETED"),
+        ShardStatus(1, "incomplete", 1, 0, 4, None),
+        ShardStatus(2, "failed", 0, 0, 4, "FAILED"),
+    ]
+    monkeypatch.setattr(submit, "shard_states", lambda root: states)
+    asked = []
+    monkeypatch.setattr(submit, "submit", lambda root, tables, options, checkout, tasks, *_, **__: asked.append(tasks))
+    write_record(tmp_path, SlurmRecord(3, (), str(tmp_path / "TABLES")))
+    submit.resubmit(tmp_path, None, SlurmOptions(shards=3), tmp_path)
+    assert asked == [[1, 2]]
