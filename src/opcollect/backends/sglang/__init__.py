@@ -12,7 +12,19 @@ from __future__ import annotations
 
 from functools import partial
 
-from opcollect.backends.sglang import allreduce, attention, encoder_attention, gemm, mla, mla_bmm, moe, quantize
+from opcollect.backends.sglang import (
+    allreduce,
+    attention,
+    dsa,
+    dsa_kernels,
+    encoder_attention,
+    gemm,
+    mhc,
+    mla,
+    mla_bmm,
+    moe,
+    quantize,
+)
 from opcollect.backends.torch import comm
 from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
@@ -56,6 +68,19 @@ RUNNERS.add("compute_scale", Runner(quantize.footprint, measure_row=quantize.mea
 RUNNERS.add("scale_matrix", Runner(quantize.footprint, partial(quantize.prepare, dynamic=False)))
 RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
 RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
+RUNNERS.add("mhc", Runner(mhc.footprint, mhc.prepare))
+# GLM-5's DSA kernels alone; a top-k whose requests fit in index_topk is held at 0 by the plan, not run
+RUNNERS.add("glm5_mqa_logits_module", Runner(dsa_kernels.mqa_footprint, dsa_kernels.prepare_mqa))
+RUNNERS.add(
+    "glm5_topk_module",
+    Runner(dsa_kernels.topk_footprint, dsa_kernels.prepare_topk, untimed=dsa_kernels.trivial_topk),
+)
+RUNNERS.add("glm5_dsa_attn_module", Runner(dsa_kernels.attn_footprint, dsa_kernels.prepare_attn))
+for _context, _phase in ((True, "context"), (False, "generation")):  # op_name tells an indexer-skipping layer
+    RUNNERS.add(
+        f"dsa_{_phase}_module",
+        Runner(partial(dsa.footprint, context=_context), partial(dsa.prepare, context=_context)),
+    )
 
 
 def footprint(op: str, case) -> int:

@@ -48,6 +48,29 @@ KERNELS = {
     # mla_bmm
     "sglang_torch_bmm": Meaning((CUBLAS,)),
     "sglang_sgl_kernel_bmm_fp8": Meaning((CUBLAS,)),
+    # mhc (srt/layers/mhc.py; TileLang names a kernel after its function, + _kernel): the tilelang pre ends in
+    # mhc_pre_big_fuse(_with_norm)_tilelang; the DeepGEMM or torch product feeds hc_split_sinkhorn_kernel_ instead
+    "sglang_tilelang_mhc_pre": Meaning((r"mhc_pre_big_fuse",)),
+    "sglang_deepgemm_mhc_pre": Meaning((r"hc_split_sinkhorn",)),
+    "sglang_torch_mhc_pre": Meaning((r"hc_split_sinkhorn",)),
+    "sglang_tilelang_mhc_post": Meaning((r"mhc_post_tilelang",)),
+    # GLM-5's DSA kernels (backends/sglang/dsa_kernels.py): DeepGEMM's JIT sm90/sm100_fp8_mqa_logits (not its paged
+    # twin); sgl_kernel's sm90/common_ops.abi3.so top-k, (anonymous namespace)::topk_transform_{prefill,decode}_kernel
+    # (fused) and ::topk_kernel (fast_topk_v2); flashmla_ops.abi3.so's sm90::fwd / sm100::fwd sparse_attn_fwd_kernel
+    "deep_gemm.fp8_mqa_logits": Meaning((r"(?<!paged_)fp8_mqa_logits",)),
+    "fast_topk_transform_fused": Meaning((r"topk_transform_(prefill|decode)_kernel",)),
+    "fast_topk_v2": Meaning((r"(?<![a-z_])topk_kernel",)),
+    "flash_mla_sparse_fwd": Meaning((r"sparse_attn_fwd",)),
+    # the DSA modules (backends/sglang/dsa.py) on SM90, named for the attention kernel beside the indexer's: the dense
+    # prefill's and the bf16 decode's FA3 (dsa_backend.py _forward_standard_mha, _forward_fa3), FlashMLA's sparse
+    # prefill (sm90::fwd::sparse_attn_fwd_kernel) and its fp8 sparse kernel of flashmla_kv
+    # (sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel)
+    "sglang_dsa_dense_mha_fa3": Meaning((FA3,)),
+    **{
+        f"sglang_dsa_{mode}_{impl}": Meaning((pattern,))
+        for mode in ("indexer", "skip_indexer")
+        for impl, pattern in (("fa3", FA3), ("flashmla_sparse", r"sparse_attn_fwd"), ("flashmla_kv", r"mla_fp8_sparse"))
+    },
     # communication
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "SGLang_CustomAllReduce_eager": Meaning(unobservable=ROW_RUNNER),

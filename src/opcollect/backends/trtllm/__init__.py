@@ -15,7 +15,18 @@ looks runners up by the version it finds installed.
 from __future__ import annotations
 
 from opcollect.backends.torch import comm
-from opcollect.backends.trtllm import allreduce, attention, encoder_attention, gemm, mla, mla_bmm, moe, quantize
+from opcollect.backends.trtllm import (
+    allreduce,
+    attention,
+    dsa,
+    encoder_attention,
+    gemm,
+    mhc,
+    mla,
+    mla_bmm,
+    moe,
+    quantize,
+)
 from opcollect.backends.trtllm.context import installed_version
 from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
@@ -42,7 +53,7 @@ def identity(device: str) -> dict:
 
 RUNNERS = Registry(FRAMEWORK)
 # each op module lists its runners per op, each registered for the versions it serves (its version routes)
-for _module in (gemm, attention, moe, mla, allreduce, quantize, mla_bmm, encoder_attention):
+for _module in (gemm, attention, moe, mla, allreduce, quantize, mla_bmm, encoder_attention, mhc, dsa):
     for _op, _runners in _module.RUNNERS.items():
         for _runner in _runners:
             RUNNERS.add(_op, _runner)

@@ -33,7 +33,12 @@ KERNELS = {
     "torch_flow": (Meaning((GEMMS,), ops=("gemm",)), Meaning((ATTENTION,), ops=ATTENTION_OPS)),
     "torch_flow_flashinfer": Meaning((r"flashinfer|BatchPrefill|BatchDecode",)),
     "deepgemm": Meaning((r"deep_gemm|fp8_gemm_kernel",)),
-    "default": Meaning((ATTENTION + r"|flash_fwd_splitkv_mla",)),  # MLA and the MLA module
+    "default": (
+        # the DSA module (dsa.py): FlashMLA's sparse MLA on SM90 (sparse_attn_fwd_kernel, the fp8 sparse decode),
+        # trtllm-gen's on SM100 (fmha), the indexer's DeepGEMM fp8 MQA logits and TensorRT-LLM's top-k
+        Meaning((r"sparse|mqa_logits|topk|fmha",), ops=("dsa_context_module", "dsa_generation_module")),
+        Meaning((ATTENTION + r"|flash_fwd_splitkv_mla",)),  # MLA and the MLA module
+    ),
     "moe_torch_flow": Meaning((r"matmul_ogs|fused_moe|" + CUTLASS_MOE + r"|bmm_",)),  # Triton, or TRTLLMGen's bmm_
     "moe_torch_flow_cutlass": Meaning((CUTLASS_MOE,)),
     "moe_torch_flow_nongated": Meaning((r"matmul_ogs|" + CUTLASS_MOE,)),
@@ -43,6 +48,12 @@ KERNELS = {
     "trtllm_bmm_out_dequant_bf16": Meaning((r"gemm|gemv|nvjet|xmma|cutlass|splitKreduce",)),
     # compute_scale's row times two ops and observes nothing; scale_matrix (prepared) runs the static quant
     "torch_ops": Meaning((r"scaleMatrix|computeFP8QuantizeScale|quantize",)),
+    # mHC (cpp/tensorrt_llm/kernels/mhcKernels/mhcKernels.cu): pre's GEMM + square sum is mhcGemmSqrsumFmaKernel (fma)
+    # or DeepGEMM's tf32_hc_prenorm_gemm (dg_*), then mhcBigFuseKernel; post is mhcPostMappingKernel alone
+    "trtllm_mhc_pre_fma": Meaning((r"mhcGemmSqrsumFma",)),
+    "trtllm_mhc_pre_dg_splitk": Meaning((r"hc_prenorm_gemm",)),
+    "trtllm_mhc_pre_dg_nosplit": Meaning((r"hc_prenorm_gemm",)),
+    "trtllm_mhc_post_mapping": Meaning((r"mhcPostMapping",)),
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "TRTLLM": Meaning((r"allreduce|oneshot|twoshot|lowprecision|mnnvl|nccl",)),
 }

@@ -12,7 +12,9 @@ for them), and a value read off an imported class (PredefinedAttentionMask.FULL)
 - ``check_installed(op)`` reads the installed package's sources (never importing them) and refuses, with one line
   naming the file, when serving no longer calls what the runner times (ASSUMPTIONS): FP8QDQLinearMethod.apply's two
   per-tensor quantize ops, MLA's absorb BMMs and its fp8 wrapper's kernels, the no-cache metadata and the FULL mask
-  an encoder's attention runs with;
+  an encoder's attention runs with, mHC's pre_mapping, its tactics' entry points and post_mapping, and what the DSA
+  module runner (dsa.py) builds on: the decoder layer's DSA attention, the sparse cache manager and its keywords,
+  the DSA metadata's sparse_metadata_params;
 - ``fp8_bmm_wrapper`` reads whether the installed fp8 BMM wrapper runs its SM89/90 BMM into a fresh buffer and copies
   it to the output (the copies read do; the reference collector times the BMM without that copy), so mla_bmm times
   what the installed serving code does.
@@ -35,6 +37,10 @@ from opcollect.inputs import read_text
 from opcollect.runtime.contract import KernelLimit
 
 MLA_FILES = ("_torch/modules/attention.py", "_torch/modules/mla.py")
+MHC_MODULE, MHC_CUDA = "_torch/modules/mhc/hyper_connection.py", "_torch/modules/mhc/mhc_cuda.py"
+# DSA's backend, cache manager and metadata: one file up to the copies read at 00e3c1a5, a package later
+DSA_FILES = tuple(f"_torch/attention_backend/sparse/dsa{p}.py" for p in ("", "/cache_manager", "/metadata"))
+DSA_OPS = ("dsa_context_module", "dsa_generation_module")
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,70 @@ ASSUMPTIONS = (
         ("FULL",),
         "a vision tower's attention is non-causal: attention_mask=PredefinedAttentionMask.FULL "
         "(modeling_qwen2vl.py Qwen2_5_VLVisionAttention.forward)",
+    ),
+    # mhc.py times mHC.pre_mapping / post_mapping and labels pre by the entry point its tuned tactic calls
+    # (hyper_connection.py @10ce7685, mhc_cuda.py @07f9cd08; AIC collect_mhc_module.py:186-223)
+    Assumption(
+        ("mhc",),
+        (MHC_MODULE,),
+        "mHC.pre_mapping",
+        ("mhc_pre_mapping_fused_cuda(",),
+        "pre_mapping runs mhc_cuda.mhc_pre_mapping_fused, the autotuned GEMM + square sum and big fuse",
+    ),
+    Assumption(
+        ("mhc",),
+        (MHC_CUDA,),
+        "mhc_pre_mapping_fused",
+        ("choose_one(", "MhcPreMappingRunner"),
+        "the AutoTuner picks pre_mapping's tactic among MhcPreMappingRunner's",
+    ),
+    Assumption(
+        ("mhc",),
+        (MHC_CUDA,),
+        "MhcPreMappingRunner.forward",
+        ("mhc_gemm_rms_fma_cuda(", "mhc_gemm_rms_dg_cuda("),
+        "a tactic runs its GEMM + square sum through mhc_gemm_rms_fma_cuda or mhc_gemm_rms_dg_cuda (with its K "
+        "splits), the calls the runner records to name the tactic (mhc_cuda.py:333-347 @1.3.0rc20 per the collector)",
+    ),
+    Assumption(
+        ("mhc",),
+        (MHC_MODULE,),
+        "mHC.post_mapping",
+        ("mhc_post_mapping_cuda(",),
+        "post_mapping runs mhc_cuda.mhc_post_mapping_cuda, the one kernel torch.ops.trtllm.mhc_post_mapping",
+    ),
+    # dsa.py builds layer 0's attention as the reference collector does at rc20 (AIC collect_mla_module.py:534-776)
+    Assumption(
+        DSA_OPS,
+        ("_torch/models/modeling_deepseekv3.py",),
+        "DeepseekV3DecoderLayer",
+        ("deepseek_v32",),
+        "the decoder layer builds the DSA attention for model_type deepseek_v32, the type the runner gives "
+        "DeepSeek-V3.2 and GLM-5 (modeling_deepseekv3.py, index id 3518086746: DeepseekV32Attention)",
+    ),
+    Assumption(
+        DSA_OPS,
+        ("_torch/pyexecutor/_util.py",),
+        "get_kv_cache_manager_cls",
+        ("sparse_attention_config", "get_sparse_attn_kv_cache_manager("),
+        "a model with a sparse attention config gets its algorithm's cache manager, DSA's with the indexer's key pool "
+        "(_util.py @00043967)",
+    ),
+    Assumption(
+        DSA_OPS,
+        DSA_FILES,
+        "DSACacheManager.__init__",
+        ("sparse_attention_config", "pretrained_config"),
+        "the DSA cache manager takes the sparse and pretrained configs by these names (rc20's rename, AIC :688-697; "
+        "a later copy, index id 57382607766); a name it drops into **kwargs leaves it without them",
+    ),
+    Assumption(
+        DSA_OPS,
+        DSA_FILES,
+        "DSAtrtllmAttentionMetadata",
+        ("sparse_metadata_params",),
+        "the DSA metadata reads the lowered sparse_metadata_params the runner passes (AIC :714-722, :769; "
+        "sparse/dsa/metadata.py @065ff9e9)",
     ),
 )
 

@@ -12,7 +12,19 @@ from __future__ import annotations
 from functools import partial
 
 from opcollect.backends.torch import comm
-from opcollect.backends.vllm import allreduce, attention, encoder_attention, gemm, mla, mla_bmm, moe, quantize
+from opcollect.backends.vllm import (
+    allreduce,
+    attention,
+    dsa,
+    encoder_attention,
+    gemm,
+    mhc,
+    mla,
+    mla_bmm,
+    moe,
+    msa,
+    quantize,
+)
 from opcollect.errors import FrameworkMissing
 from opcollect.runtime import devices as hardware
 from opcollect.runtime import timing
@@ -49,11 +61,20 @@ for _context, _suffix in ((True, "context"), (False, "generation")):
         f"mla_{_suffix}_module",
         Runner(partial(mla.footprint, context=_context), partial(mla.prepare, context=_context)),
     )
+    RUNNERS.add(
+        f"dsa_{_suffix}_module",
+        Runner(partial(dsa.footprint, context=_context), partial(dsa.prepare, context=_context)),
+    )
+    RUNNERS.add(
+        f"msa_{_suffix}_module",
+        Runner(partial(msa.footprint, context=_context), partial(msa.prepare, context=_context)),
+    )
 RUNNERS.add("scale_matrix", Runner(quantize.static_footprint, quantize.prepare_static))
 # the dynamic per-token quantization minus the static one, both timed in the row (quantize.py)
 RUNNERS.add("compute_scale", Runner(quantize.compute_scale_footprint, measure_row=quantize.measure_compute_scale))
 RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
 RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
+RUNNERS.add("mhc", Runner(mhc.footprint, mhc.prepare))
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # NCCL, as nccl-tests times it
 RUNNERS.add("custom_allreduce", Runner(allreduce.footprint, measure_row=allreduce.measure_row))
 

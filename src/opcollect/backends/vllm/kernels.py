@@ -8,7 +8,8 @@ the __device_stub__ symbols of its libraries, demangled) and in its Triton sourc
 - FA4 is CuTe DSL, compiled at run time: its kernels carry their class name, FlashAttentionForwardSm90/Sm100
   (vllm_flash_attn/cute/flash_fwd_sm90.py:51, flash_fwd_sm100.py:113).
 - _flashmla_C.abi3.so / _flashmla_extension_C.abi3.so: sm90::flash_fwd_splitkv_mla_kernel, flash::
-  flash_fwd_splitkv_mla_kernel (FlashMLA decode).
+  flash_fwd_splitkv_mla_kernel (FlashMLA decode); sm90::fwd::sparse_attn_fwd_kernel,
+  sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel (FlashMLA sparse).
 - _C_stable_libtorch.abi3.so: cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<..>> (per-tensor fp8),
   cutlass::device_kernel<vllm::cutlass_3x_gemm_fp8_blockwise<..>> (block fp8), cutlass::device_kernel<..machete::
   MacheteCollectiveMma..> (Machete), marlin::Marlin<..> (Marlin), vllm::scaled_fp8_quant_kernel_strided_group_shape
@@ -54,6 +55,18 @@ KERNELS = {
     "FLASHMLA": Meaning((r"flash_fwd_splitkv_mla",)),
     "FLASH_ATTN_MLA": Meaning((FA3,)),
     "FLASH_ATTN": Meaning((FA3, r"flash::flash_fwd_(splitkv_)?kernel")),
+    # the DSA module: its sparse backend's FlashMLA kernels (_flashmla_C.abi3.so), sm90::fwd::sparse_attn_fwd_kernel
+    # (a bf16 cache, prefill and decode; an fp8 prefill from 32 heads, over its bf16 upconversion) and
+    # sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel (fp8_ds_mla decodes, and prefills below 32
+    # heads), v1/attention/backends/mla/flashmla_sparse.py:515-520, 610-855; sm100:: namesakes on Blackwell
+    "FLASHMLA_SPARSE": Meaning((r"sparse_attn_fwd", r"mla_fp8_sparse")),
+    # the MSA module (MiniMax-M3): the attend impl vLLM built (models/minimax_m3/common/sparse_attention.py:391-422).
+    # Triton's kernels are named after their @triton.jit functions, _gqa_sparse_fwd_kernel (prefill) and
+    # _gqa_sparse_decode_kernel (decode), common/ops/sparse_attn.py:76, :233; the MSA impl prefills with fmha_sm100's
+    # CuTe DSL SparseAttentionForwardSm100 (third_party/fmha_sm100/cute/src/sm100/fwd/atten_fwd.py:56) and decodes
+    # with the Triton kernel (nvidia/sparse_attention_msa.py:52-66)
+    "MiniMaxM3SparseTritonImpl": Meaning((r"_gqa_sparse_(fwd|decode)_kernel",)),
+    "MiniMaxM3SparseMSAImpl": Meaning((r"SparseAttentionForward", r"fmha_sm100", r"_gqa_sparse_decode_kernel")),
     "vllm_torch_bmm": Meaning((CUBLAS,)),
     # moe
     "vllm_unquantizedfusedmoe_triton_tritonexperts": Meaning((r"fused_moe_kernel",)),
@@ -65,6 +78,11 @@ KERNELS = {
     "vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts": Meaning((r"marlin",)),
     "vllm_compressedtensorsw4a4mxfp4moe_marlin_marlinexperts_situ_as_silu": Meaning((r"marlin",)),
     "vllm_gptossmxfp4moe_triton_oaitritonmxfp4expertsmonolithic": Meaning((r"matmul_ogs",)),
+    # mhc (model_executor/kernels/mhc/tilelang.py): TileLang names a kernel after its function, + _kernel
+    # (mhc_pre_big_fuse_tilelang_kernel, mhc_post_tilelang_kernel); pre's product is DeepGEMM's
+    # deep_gemm::sm90_tf32_hc_prenorm_gemm_impl, or TileLang's hc_prenorm_gemm_tilelang without DeepGEMM
+    "vllm.model_executor.kernels.mhc.tilelang.mhc_pre_tilelang": Meaning((r"mhc_pre_big_fuse",)),
+    "vllm.model_executor.kernels.mhc.tilelang.mhc_post_tilelang": Meaning((r"mhc_post_tilelang",)),
     # communication
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "vLLM_custom_eager": Meaning(unobservable=ROW_RUNNER),
