@@ -469,6 +469,18 @@ ROWS = [
         ),
     ),
     Row(
+        "model-config-gdn-value-heads-not-a-multiple",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'linear_num_value_heads': 40 is not a multiple of linear_num_key_heads 16; each key head "
+        "leads linear_num_value_heads / linear_num_key_heads value heads, set it to a multiple of 16",
+        write(
+            "{tmp}/config.json",
+            (ROOT / "tests/data/linear_configs/Qwen--Qwen3.5-27B_config.json")
+            .read_text()
+            .replace('"linear_num_value_heads": 48,', '"linear_num_value_heads": 40,', 1),
+        ),
+    ),
+    Row(
         "model-config-not-an-object",
         (*PLAN, "--model-config", "{tmp}/config.json"),
         "config.json: a model config is a JSON object, not list",

@@ -45,6 +45,9 @@ OPS = {
     "glm5_dsa_attn_module",
     "msa_context_module",
     "msa_generation_module",
+    # issue 25: Gated DeltaNet and Mamba2 (backends/torch/linear_attention.py)
+    "gdn",
+    "mamba2",
 }
 # the reference tables of the issue-22 families, copied into tests/data (see their README.md)
 QUANT_BMM = TESTS / "data" / "reference" / "quant_bmm_tables"
@@ -146,9 +149,9 @@ except Exception as exc:
 
 
 def test_the_consumer_opens_the_smoke_tree_strictly(smoke, consumer_python, tmp_path):  # noqa: F811
-    """aiconfigurator-core's strict provenance accounts for every table of the CPU tree, the issue-22 and issue-24
-    families among them; its engine takes only the vllm, sglang and trtllm backends, so the torch tree opens as
-    data."""
+    """aiconfigurator-core's strict provenance accounts for every table of the CPU tree, the issue-22, issue-24 and
+    issue-25 families among them; its engine takes only the vllm, sglang and trtllm backends, so the torch tree
+    opens as data."""
     _, tables, done = smoke
     assert done.returncode == 0, done.stderr[-3000:]
     [version] = {p.name for p in (tables / "cpu" / "mla_bmm" / "torch").iterdir()}
@@ -161,7 +164,7 @@ def test_the_consumer_opens_the_smoke_tree_strictly(smoke, consumer_python, tmp_
     opened = load(tables)
     assert opened.returncode == 0, opened.stderr[-2000:]
     # the load read these families' directories: a file their collection_meta.yaml does not list is refused
-    for family in ("quantize", "mla_bmm", "encoder_attention", "sparse_attention", "mhc"):
+    for family in ("quantize", "mla_bmm", "encoder_attention", "sparse_attention", "mhc", "linear_attention"):
         planted = tmp_path / family
         shutil.copytree(tables, planted)
         (planted / "cpu" / family / "torch" / version / "stray_perf.parquet").write_bytes(b"")

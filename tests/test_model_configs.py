@@ -45,6 +45,7 @@ def _gemm_pairs(table_dir) -> set[tuple[int, int]]:
 
 def test_llama70b_config_adds_its_shapes_only_when_given(tree_copy, tmp_path):
     (tree_copy / "cases" / "models" / "LlamaForCausalLM.yaml").unlink()  # no profile brings these shapes
+    (tree_copy / "cases" / "models" / "NemotronHForCausalLM.yaml").unlink()  # its 64 heads at tp 8: qkv 1280 x 8192
     config = tmp_path / "Llama-3.1-70B" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps(LLAMA_70B))

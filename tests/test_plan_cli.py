@@ -113,6 +113,7 @@ def test_table_writes_one_csv_per_op_with_key_columns(tmp_path):
             *("dsv4_csa_context_module", "dsv4_csa_generation_module", "dsv4_hca_context_module"),
             *("dsv4_hca_generation_module", "dsv4_paged_mqa_logits_module", "dsv4_hca_attn_module"),
             *("dsv4_csa_topk_calib", "mhc"),
+            *("gdn", "mamba2"),
         )
     )
 

@@ -401,5 +401,5 @@ GRID_TYPES: dict[str, type[Frozen]] = {
     "custom_allreduce": CustomAllreduceGrid,
 }
 
-# the sparse-attention grids and the DeepSeek-V4 / mHC ones register themselves in GRID_TYPES
-from opcollect.cases import grids_dsv4, grids_sparse  # noqa: E402, F401
+# the sparse-attention grids, the DeepSeek-V4 / mHC ones and the linear-attention ones register themselves in GRID_TYPES
+from opcollect.cases import grids_dsv4, grids_linear, grids_sparse  # noqa: E402, F401

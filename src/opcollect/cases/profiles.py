@@ -16,7 +16,7 @@ from typing import Annotated, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from opcollect.cases import dsv4, sparse
+from opcollect.cases import dsv4, linear, sparse
 from opcollect.cases.quantization import QuantizeShape, quantize_shapes, static_fp8
 from opcollect.cases.vision import EncoderShape, Vision, VisionConfig, vision_keys, vision_layout
 from opcollect.errors import InputError
@@ -88,6 +88,7 @@ class Family:
 
     defaults: Mapping[str, object] = field(default_factory=dict)  # its config class's defaults for absent keys
     alternating_window: bool = False  # sliding and full layers alternate when layer_types is absent
+    ffn: bool = True  # False: its MLP and expert keys mean other shapes than the standard reading's (not planned)
 
 
 _PLAIN = Family()
@@ -116,6 +117,15 @@ FAMILIES: dict[str, Family] = {
     "GlmMoeDsaForCausalLM": _PLAIN,
     "MiniMaxM3ForCausalLM": _PLAIN,  # GQA with MSA's sparse_attention_config (cases/sparse.py)
     "DeepseekV4ForCausalLM": _PLAIN,  # compressed sparse attention and mHC: its own keys (cases/dsv4.py)
+    # Gated DeltaNet layers beside full attention (cases/linear.py); the language model's keys are under text_config
+    "Qwen3_5ForConditionalGeneration": _QWEN,
+    "Qwen3_5MoeForConditionalGeneration": _QWEN,
+    "Qwen3NextForCausalLM": _QWEN,
+    # Mamba2, attention, MLP and MoE blocks by hybrid_override_pattern (cases/linear.py). Its MLP is up_proj, relu2,
+    # down_proj without a gate, and Nemotron-3's experts run in moe_latent_size with a shared expert of
+    # moe_shared_expert_intermediate_size (aiconfigurator-core sdk/models/nemotron_h.py:221-370): the standard
+    # reading (a gated MLP, hidden-wide experts) would plan other GEMMs, so its FFN shapes are not planned
+    "NemotronHForCausalLM": Family(ffn=False),
 }
 
 
@@ -191,6 +201,7 @@ class ModelSpec:
     notes: tuple[str, ...] = ()  # what a plan reports about this model (e.g. an unknown architecture)
     static_fp8: str | None = None  # the quantization_config format of static FP8 activations (cases/quantization.py)
     sparse: sparse.Dsa | sparse.Msa | None = None  # DSA or MSA keys (cases/sparse.py)
+    linear: linear.Gdn | linear.Mamba2 | None = None  # Gated DeltaNet or Mamba2 layers (cases/linear.py)
 
 
 class LeftOut(NamedTuple):
@@ -209,6 +220,7 @@ class ModelShapes:
     quantize: frozenset[QuantizeShape] = frozenset()  # a static-FP8 model's linear-layer input widths per rank
     sparse: sparse.Dsa | sparse.Msa | None = None  # the model's sparse attention, at every TP size
     dsv4: frozenset[dsv4.Dsv4Attention] = frozenset()  # DeepSeek-V4's attention and mHC (cases/dsv4.py)
+    linear: linear.Gdn | linear.Mamba2 | None = None  # the model's linear attention, at every TP size
 
     def notes_for(self, family: str) -> list[str]:
         return sorted(entry.text for entry in self.left_out if entry.family == family)
@@ -284,8 +296,13 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
         if isinstance(lay.attention, Mla):
             out.mla_gemms(lay.heads, lay.attention, tp)
             out.mla.add(MlaShape(lay.heads))  # MLA cases split the total heads themselves
-        elif not isinstance(lay.attention, dsv4.Dsv4Attention):  # DeepSeek-V4's are in its module tables
-            out.gqa(lay.heads, lay.attention, tp)
+        elif not isinstance(lay.attention, dsv4.Dsv4Attention) and linear.has_attention(spec.linear):
+            out.gqa(lay.heads, lay.attention, tp)  # DeepSeek-V4's are in its module tables; a hybrid's if it has any
+        if spec.linear is not None:  # the linear-attention layers' projections (cases/linear.py)
+            found = linear.rank_gemms(spec.linear, tp)
+            if found.why is not None:
+                out.leave_out(tp, found.why, found.what, found.families)
+            out.gemm.update(GemmShape(n, k) for n, k in found.shapes)
         if lay.dense is not None:
             out.mlp(lay.dense, tp, "dense MLP")
         if lay.experts is not None:
@@ -313,6 +330,7 @@ def derive_shapes(spec: ModelSpec, tp_sizes: list[int]) -> ModelShapes:
         quantize=quantize_shapes(spec.static_fp8, {shape.k for shape in out.gemm}),
         sparse=spec.sparse,
         dsv4=dsv4.shapes_of(lay.attention),
+        linear=spec.linear,
     )
 
 
@@ -325,7 +343,7 @@ def _windows(cfg: ModelConfig, family: Family, missing, name: str, notes: list[s
     window = cfg.sliding_window
     if cfg.layer_types is not None:
         kinds = set(cfg.layer_types)
-        other = sorted(kinds - {"full_attention", "sliding_attention"})
+        other = sorted(kinds - {"full_attention", "sliding_attention", "linear_attention"})  # GDN: cases/linear.py
         if other:
             notes.append(
                 f"{name}: layer_types {', '.join(other)} are not planned; "
@@ -369,6 +387,8 @@ def _layout(source: str, arch: str, name: str, cfg: ModelConfig, family: Family,
         windows = _windows(cfg, family, missing, name, notes)
         attention = Gqa(cfg.num_key_value_heads or heads, head_dim, windows)
 
+    if not family.ffn:
+        return Layout(hidden, heads, attention, None, None, cfg.vocab_size, vision_layout(source, cfg.vision_config))
     count_key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if getattr(cfg, k)), None)
     experts = None
     dense_why = ""
@@ -435,7 +455,11 @@ def parse_config(
     quantization = data.get("quantization_config")  # read by cases/quantization.py, not a ModelConfig key
     own, data = dsv4.split_keys(architecture, data)  # DeepSeek-V4's keys (cases/dsv4.py), DSA's index_* alike
     raw = data
-    data = {key: value for key, value in data.items() if key != "quantization_config" and key not in sparse.KEYS}
+    data = {
+        key: value
+        for key, value in data.items()
+        if key != "quantization_config" and key not in sparse.KEYS and key not in linear.KEYS
+    }
     try:
         config = ModelConfig.model_validate({**family.defaults, **data})
     except ValidationError as exc:
@@ -446,8 +470,11 @@ def parse_config(
     kv_heads = config.num_key_value_heads
     mla = config.kv_lora_rank is not None
     attention = sparse.sparse_attention(source, architecture, raw, mla, config.num_attention_heads, kv_heads)
+    layers = linear.linear_attention(
+        source, architecture, raw, config.hidden_size, config.layer_types, config.num_hidden_layers
+    )
     return ModelSpec(
-        name, architecture, config, source, layout, tuple(found), static_fp8(source, quantization), attention
+        name, architecture, config, source, layout, tuple(found), static_fp8(source, quantization), attention, layers
     )
 
 
@@ -491,6 +518,7 @@ def read_hf_config(path: Path) -> ModelSpec:
         picked["quantization_config"] = quantization
     picked.update(sparse.config_keys(keys))  # DSA and MSA keys (cases/sparse.py)
     picked.update(dsv4.pick_keys(arch, keys))  # DeepSeek-V4's (cases/dsv4.py)
+    picked.update(linear.config_keys(keys))  # Gated DeltaNet and Mamba2 keys (cases/linear.py)
     vision = data.get("vision_config")
     if isinstance(vision, dict):  # the vision tower's own keys; another shape of value is named by validation
         picked["vision_config"] = vision_keys(vision)

@@ -147,6 +147,10 @@ GPU_EFFICIENCY: dict[str, dict[str, float]] = {
     "glm5_dsa_attn_module": {"sglang": 0.213},
     "msa_context_module": {"vllm": 0.238, "trtllm": 0.013},
     "msa_generation_module": {"vllm": 0.336, "trtllm": 0.019},
+    # linear attention (plans/linear_attention.py): the medians over the H200 reference with each row's stage read from
+    # its kernel_source (the reference has no stage column); mamba2's are its conv rows', the only ones it holds
+    "gdn": {"vllm": 0.068, "sglang": 0.028, "trtllm": 0.071},
+    "mamba2": {"trtllm": 0.110},
     "comm": {"nccl": 0.073},
     "custom_allreduce": {"vllm": 0.094, "sglang": 0.078, "trtllm": 0.151},
 }

@@ -22,6 +22,7 @@ from opcollect.plans.planner import Plan
 FAMILIES = ("gemm", "quantize", "attention", "moe", "mla", "mla_bmm", "encoder_attention", "comm")
 FAMILIES += ("msa",)  # MiniMax-M3 (plans/msa.py); DSA and the GLM-5 kernels are sparse_attention
 FAMILIES += ("sparse_attention", "mhc")  # DeepSeek-V4 (plans/dsv4.py, dsv4_kernels.py) and its mHC (plans/mhc.py)
+FAMILIES += ("linear_attention",)  # Gated DeltaNet and Mamba2 (plans/linear_attention.py)
 NCCL = "nccl"  # comm/nccl/<nccl version>/: backend-independent
 TOP_PATTERNS = 8
 EXAMPLES = 5

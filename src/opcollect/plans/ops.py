@@ -11,6 +11,7 @@ from opcollect.plans import (
     dsv4_kernels,
     encoder_attention,
     gemm,
+    linear_attention,
     mhc,
     mla,
     mla_bmm,
@@ -46,6 +47,8 @@ OPS: dict[str, OpPlan] = {
         *dsv4.MODULES,
         *dsv4_kernels.KERNELS,
         mhc.PLAN,
+        linear_attention.GDN,
+        linear_attention.MAMBA2,
         comm.PLAN,
         comm.CUSTOM_ALLREDUCE,
     )

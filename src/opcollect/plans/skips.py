@@ -35,6 +35,7 @@ DSV4 = [*DSV4_MODULE, "dsv4_paged_mqa_logits_module", "dsv4_hca_attn_module", "d
 DSA = ["dsa_context_module", "dsa_generation_module", "glm5_mqa_logits_module", "glm5_topk_module"]
 DSA += ["glm5_dsa_attn_module"]
 MSA = ["msa_context_module", "msa_generation_module"]
+LINEAR = ["gdn", "mamba2"]  # Gated DeltaNet and Mamba2 (plans/linear_attention.py)
 MAX_RANKS = 1024  # split-size values a parallelism entry lists: every count up to this
 
 
@@ -363,12 +364,32 @@ SKIPS: list[Skip] = [
     skip("msa-fp8-block-needs-sm89", op=MSA, gemm_type="fp8_block", sm=["80", "86"]),
     # The same for MSA's fp8 KV cache (msa-fp8-block-needs-sm89 says why).
     skip("msa-fp8-kv-cache-needs-sm89", op=MSA, kv_cache_dtype="fp8", sm=["80", "86"]),
-    # opcollect has no vLLM, SGLang or TensorRT-LLM runner yet for the sparse and compressed attention modules and
-    # mHC (issue 24; torch has its references, backends/torch/dsa.py, msa.py, dsv4.py, mhc.py): every case would
-    # fail as a block with "no runner". Their grids and dispatch are planned and held to the reference tables with
+    # Only TensorRT-LLM's collector times Mamba2's kernels (collector/trtllm/collect_mamba2.py, registered by
+    # collector/trtllm/registry.py:84-97; vLLM's and SGLang's collectors register gdn alone, collector/vllm/
+    # registry.py:173-176, collector/sglang/registry.py:326), and the H200 reference holds mamba2_perf for
+    # TensorRT-LLM alone: plans/linear_attention.py dispatches the others to not-this-framework, which have no runner
+    # for it.
+    skip("mamba2-trtllm-only", op="mamba2", dispatch="not-this-framework"),
+    # The torch backend's Gated DeltaNet and Mamba2 are references (backends/torch/linear_attention.py): Python loops
+    # over chunks or tokens of ATen ops, no kernel any framework serves these layers with (FLA's Triton kernels, the
+    # causal-conv1d and selective-scan CUDA kernels), so a GPU row would stand for nothing a framework runs; they
+    # write the CPU's tables. verified_on: torch==2.13.0
+    skip("torch-linear-attention-cpu-only", backend="torch", op=LINEAR, sm=list(GPU_SMS)),
+    # opcollect has no vLLM, SGLang or TensorRT-LLM runner yet for the sparse and compressed attention modules
+    # (issue 24; torch has its references, backends/torch/dsa.py, msa.py, dsv4.py): every case would fail as a block
+    # with "no runner". Their grids and dispatch are planned and held to the reference tables with
     # this entry lifted (tests/test_plan_dsa_msa.py, test_plan_dsv4_mhc.py); an op leaves this list in the change
     # that adds its runner.
-    skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, "mhc"]),
+    # The same holds for the linear attention, gdn and mamba2 (issue 25; torch: backends/torch/linear_attention.py,
+    # held to the reference by tests/test_plan_linear_attention.py).
+    # vLLM's DSA modules have theirs (backends/vllm/dsa.py), SGLang's DSA modules and GLM-5 DSA kernels theirs
+    # (backends/sglang/dsa.py, dsa_kernels.py), TensorRT-LLM's DSA modules theirs (backends/trtllm/dsa.py), vLLM's MSA
+    # modules theirs (backends/vllm/msa.py).
+    skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, *LINEAR])
+    .unless(backend="vllm", op=["dsa_context_module", "dsa_generation_module"])
+    .unless(backend="sglang", op=DSA)
+    .unless(backend="trtllm", op=["dsa_context_module", "dsa_generation_module"])
+    .unless(backend="vllm", op=["msa_context_module", "msa_generation_module"]),
 ]
 
 

@@ -37,6 +37,7 @@ _DSV4 = ("model", "architecture", "mla_dtype", "kv_cache_dtype", "gemm_type", "n
 _DSV4_MODULE = (*_DSV4, "batch_size", "isl", "tp_size", "step", "compress_ratio")
 _DSV4_KERNEL = (*_DSV4, "local_num_heads", "batch_size", "isl", "tp_size", "step", "compress_ratio")
 _MHC = ("op_name", "architecture", "num_tokens", "num_sites", "hc_mult", "hidden_size", "sinkhorn_iters")
+_LINEAR = ("stage", "phase", "batch_size", "seq_len", "num_tokens", "d_model")
 OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gemm": ("gemm_perf", "gemm", ("gemm_dtype", "m", "n", "k")),
     "attention_context": ("context_attention_perf", "attention", _ATTENTION),
@@ -59,6 +60,10 @@ OP_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "dsv4_hca_attn_module": ("dsv4_hca_attn_module_perf", "sparse_attention", _DSV4_KERNEL),
     "dsv4_csa_topk_calib": ("dsv4_csa_topk_calib_perf", "sparse_attention", (*_DSV4_MODULE, "score_mode")),
     "mhc": ("mhc_module_perf", "mhc", _MHC),
+    "gdn": ("gdn_perf", "linear_attention", (*_LINEAR, "d_conv", "num_k_heads", "head_k_dim", "num_v_heads",
+                                             "head_v_dim", "model_name")),
+    "mamba2": ("mamba2_perf", "linear_attention", (*_LINEAR, "d_state", "d_conv", "nheads", "head_dim", "n_groups",
+                                                   "chunk_size", "model_name")),
     "dsa_context_module": ("dsa_context_module_perf", "sparse_attention", ("op_name", *_MLA_MODULE)),
     "dsa_generation_module": ("dsa_generation_module_perf", "sparse_attention", ("op_name", *_MLA_MODULE)),
     "glm5_mqa_logits_module": ("glm5_mqa_logits_module_perf", "sparse_attention", (*_MLA_MODULE, "compress_ratio")),
@@ -75,6 +80,7 @@ TEXT_FIELDS = frozenset(
     | {"architecture", "gemm_type", "nccl_dtype", "op_name", "allreduce_dtype", "backend"}
     | {"quant_dtype", "bmm_dtype"}
     | {"score_mode"}  # dsv4_csa_topk_calib, glm5_topk_module
+    | {"stage", "phase", "model_name"}  # gdn, mamba2
 )
 # counts that may be 0: the first decode step, and window_size 0 for full attention
 ZERO_FIELDS = frozenset({"step", "window_size"})

@@ -66,6 +66,8 @@ SWEEP_AXIS = {
     "glm5_dsa_attn_module": "step",
     "msa_context_module": "isl",
     "msa_generation_module": "batch_size",
+    "gdn": "seq_len",
+    "mamba2": "seq_len",
     "comm": "message_size",
     "custom_allreduce": "message_size",
 }

@@ -12,6 +12,7 @@ from opcollect.backends.torch import (
     dsv4_kernels,
     encoder_attention,
     gemm,
+    linear_runners,
     mhc,
     mla,
     mla_bmm,
@@ -69,6 +70,9 @@ for _phase in ("context", "generation"):  # one module each: the case's isl is i
 RUNNERS.add("glm5_mqa_logits_module", Runner(dsa.mqa_footprint, dsa.prepare_mqa))
 RUNNERS.add("glm5_topk_module", Runner(dsa.topk_footprint, dsa.prepare_topk, untimed=dsa.trivial_topk))
 RUNNERS.add("glm5_dsa_attn_module", Runner(dsa.attn_footprint, dsa.prepare_attn))
+# one runner per op: the case's stage and phase tell its kernel (conv or the recurrence, prompt or decode)
+RUNNERS.add("gdn", Runner(linear_runners.gdn_footprint, linear_runners.prepare_gdn))
+RUNNERS.add("mamba2", Runner(linear_runners.mamba2_footprint, linear_runners.prepare_mamba2))
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # one process group times a whole row
 
 

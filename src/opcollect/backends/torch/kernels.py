@@ -55,6 +55,14 @@ KERNELS = {
     "torch.msa_reference": Meaning((CUBLAS, r"^aten::(matmul|mm|bmm|einsum)$")),
     "torch.mqa_logits": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
     "torch.sparse_mla": Meaning((CUBLAS, r"^aten::(bmm|einsum)$")),
+    # the linear-attention references (backends/torch/linear_attention.py): the conv, its decode update as
+    # elementwise ops, the chunked scans' products and the recurrent steps' einsums
+    "torch_causal_conv1d": Meaning((r"conv|cudnn", r"^aten::(conv1d|convolution|_convolution)$")),
+    "torch_causal_conv1d_update": Meaning((r"elementwise_kernel|reduce_kernel", r"^aten::(cat|mul|sum|silu|copy_)$")),
+    "torch_gdn_chunked_scan": Meaning((CUBLAS, r"^aten::(matmul|bmm|linalg_solve_triangular)$")),
+    "torch_gdn_recurrent_step": Meaning((CUBLAS, r"^aten::(einsum|bmm)$")),
+    "torch_ssd_chunked_scan": Meaning((CUBLAS, r"^aten::(matmul|bmm)$")),
+    "torch_selective_state_update": Meaning((CUBLAS, r"^aten::(einsum|bmm)$")),
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "gloo": Meaning(unobservable=ROW_RUNNER),
 }
