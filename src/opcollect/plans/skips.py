@@ -375,16 +375,13 @@ SKIPS: list[Skip] = [
     # causal-conv1d and selective-scan CUDA kernels), so a GPU row would stand for nothing a framework runs; they
     # write the CPU's tables. verified_on: torch==2.13.0
     skip("torch-linear-attention-cpu-only", backend="torch", op=LINEAR, sm=list(GPU_SMS)),
-    # opcollect has no vLLM, SGLang or TensorRT-LLM runner yet for the sparse and compressed attention modules
-    # (issue 24; torch has its references, backends/torch/dsa.py, msa.py, dsv4.py): every case would fail as a block
-    # with "no runner". Their grids and dispatch are planned and held to the reference tables with
-    # this entry lifted (tests/test_plan_dsa_msa.py, test_plan_dsv4_mhc.py); an op leaves this list in the change
-    # that adds its runner.
-    # The same holds for the linear attention, gdn and mamba2 (issue 25; torch: backends/torch/linear_attention.py,
-    # held to the reference by tests/test_plan_linear_attention.py).
-    # vLLM's DSA modules have theirs (backends/vllm/dsa.py), SGLang's DSA modules and GLM-5 DSA kernels theirs
-    # (backends/sglang/dsa.py, dsa_kernels.py), TensorRT-LLM's DSA modules theirs (backends/trtllm/dsa.py), vLLM's MSA
-    # modules theirs (backends/vllm/msa.py).
+    # The framework ops of issues 24 and 25 whose runner opcollect does not have yet: every case would fail as a block
+    # with "no runner". Runners exist for the DSA modules (vLLM, SGLang, TensorRT-LLM: backends/<fw>/dsa.py), SGLang's
+    # GLM-5 DSA kernels (backends/sglang/dsa_kernels.py) and vLLM's MSA modules (backends/vllm/msa.py), mHC on all
+    # three (backends/<fw>/mhc.py, so it is not listed); still missing: DeepSeek-V4's attention (vLLM, SGLang),
+    # TensorRT-LLM's MSA (1.3.0rc23) and the linear attention gdn and mamba2. torch has references of all of them. The
+    # grids and dispatch are planned and held to the reference tables with this entry lifted (tests/conftest.py
+    # runner_pending_lifted); an op leaves this entry in the change that adds its runner.
     skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, *LINEAR])
     .unless(backend="vllm", op=["dsa_context_module", "dsa_generation_module"])
     .unless(backend="sglang", op=DSA)
