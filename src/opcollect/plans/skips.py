@@ -314,11 +314,11 @@ SKIPS: list[Skip] = [
     # an fp8 cache or query would be timed through a dequantize first, no kernel any framework serves (mismeasured).
     # verified_on: torch==2.13.0
     skip("torch-no-fp8-dsv4", backend="torch", op=DSV4, kv_cache_dtype=["fp8", "fp8_e4m3"]),
-    # TensorRT-LLM 1.3.0rc20 has no DeepSeek-V4 attention (the reference collector needs 1.3.0rc21,
-    # collector/trtllm/collect_dsv4_attn.py:44, and refuses pre-Blackwell GPUs, collector/trtllm/registry.py:143-184);
+    # TensorRT-LLM serves DeepSeek-V4's attention on Blackwell only: the reference collector needs 1.3.0rc21 or newer
+    # (collector/trtllm/collect_dsv4_attn.py:44) and refuses pre-Blackwell GPUs (collector/trtllm/registry.py:143-184);
     # the H200 reference holds no TensorRT-LLM dsv4 table. Its mHC runs on its own (plans/mhc.py).
-    # verified_on: trtllm==1.3.0rc20
-    skip("trtllm-no-dsv4-attention", backend="trtllm", op=DSV4),
+    # verified_on: trtllm==1.3.0rc23
+    skip("trtllm-no-dsv4-attention", backend="trtllm", op=DSV4, sm=["80", "86", "89", "90"]),
     # Only vLLM's collector times the HCA layer's sparse MLA alone (collector/vllm/collect_dsv4_attn.py:674-791); the
     # consumer reads no such table (aiconfigurator-core 0.12.0 has no loader for it), so SGLang's would be for nothing.
     skip("dsv4-hca-attn-vllm-only", backend="sglang", op="dsv4_hca_attn_module"),
@@ -350,7 +350,7 @@ SKIPS: list[Skip] = [
     # "Unsupported architecture") and below SM90 has no MLA kernel (:820-830); SGLang's DSA path runs the same
     # DeepGEMM logits and FlashMLA kernels (srt/layers/attention/dsa_backend.py; SM120 parked by the reference
     # collector, collector/sglang/registry.py:91-146). Every case would fail as a block.
-    # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc20
+    # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc23
     skip("dsa-indexer-needs-deepgemm", backend=["vllm", "sglang", "trtllm"], op=DSA, sm=["80", "86", "89", "120"]),
     # TensorRT-LLM's MiniMax-M3 attention keeps the checkpoint's 4 index heads on every rank and asserts they divide
     # the rank's KV heads: at 128 heads a rank has 128 / 16 = 8 KV heads, "num_index_heads (4) must be divisible by
