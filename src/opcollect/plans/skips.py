@@ -321,10 +321,12 @@ SKIPS: list[Skip] = [
     skip("trtllm-no-dsv4-attention", backend="trtllm", op=DSV4, sm=["80", "86", "89", "90"]),
     # Only vLLM's collector times the HCA layer's sparse MLA alone (collector/vllm/collect_dsv4_attn.py:674-791); the
     # consumer reads no such table (aiconfigurator-core 0.12.0 has no loader for it), so SGLang's would be for nothing.
+    # verified_on: sglang==0.5.14
     skip("dsv4-hca-attn-vllm-only", backend="sglang", op="dsv4_hca_attn_module"),
     # The top-k calibration corrects SGLang's CSA module rows, whose dummy weights give the indexer all-equal scores
     # (collector/sglang/collect_dsv4_attn.py:949-959); vLLM's collector writes none (its rows are not corrected: the
     # consumer applies the file only where it exists, dsv4.rs:467-503), so a vLLM one would correct nothing.
+    # verified_on: vllm==0.24.0
     skip("dsv4-topk-calib-sglang-only", backend="vllm", op="dsv4_csa_topk_calib"),
     # SGLang 0.5.14's DeepSeek-V4 hook turns the decode top-k v2 off on SM120 (server_args.py:3796: it needs more
     # than SM120's 99 KB of shared memory), so decode runs v1 there and a v2 row would time a kernel SGLang does not
@@ -382,6 +384,7 @@ SKIPS: list[Skip] = [
     # TensorRT-LLM's MSA (1.3.0rc23) and the linear attention gdn and mamba2. torch has references of all of them. The
     # grids and dispatch are planned and held to the reference tables with this entry lifted (tests/conftest.py
     # runner_pending_lifted); an op leaves this entry in the change that adds its runner.
+    # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc23
     skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, *LINEAR])
     .unless(backend="vllm", op=["dsa_context_module", "dsa_generation_module"])
     .unless(backend="sglang", op=DSA)
