@@ -166,7 +166,10 @@ def _label(row: dict) -> str:
     return ",".join(f"{k}={row[k]}" for k in ("op_name", "gemm_dtype", "m", "n", "k"))
 
 
-def test_a_rerun_is_the_same_for_most_rows_and_never_moves_where_intervals_overlap(reruns):
+def test_a_rerun_is_same_exactly_where_the_rule_says_and_never_moves_where_intervals_overlap(reruns):
+    """Verdicts on two real collections follow each row's own intervals. How many rows a re-run leaves "same" is a
+    property of the machine (on a shared VM a process can run 5% slower throughout than the one before it while its
+    10 samples agree within 1%), so the counts are printed for the record and the rule is checked row by row."""
     _, _, tables = reruns
     old, new = tables["old"], tables["new"]
     done = run_cli("compare", str(old), str(new), "--op", "gemm")
@@ -174,19 +177,25 @@ def test_a_rerun_is_the_same_for_most_rows_and_never_moves_where_intervals_overl
     print(done.stdout)  # the counts of this machine's re-run, for the record
     same, faster, slower, ambiguous = map(int, COUNTS.search(done.stdout).groups())
     assert same + faster + slower + ambiguous == len(SHAPES)
-    assert same > len(SHAPES) / 2, done.stdout
-    # overlap read from the tables themselves: none of those rows is faster or slower, nor printed as a change
     before = {_label(r): r for r in pq.read_table(_perf(old)).to_pylist()}
-    overlapping = set()
+    overlapping, close, apart = set(), set(), set()
     for r in pq.read_table(_perf(new)).to_pylist():
         o = before[_label(r)]
+        quiet = all(x["samples"] >= T.min_samples and x["noise"] <= T.max_noise for x in (r, o))
+        low, high = sorted((r, o), key=lambda x: x["latency"])
         if max(r["latency_p25"], o["latency_p25"]) <= min(r["latency_p75"], o["latency_p75"]):
             overlapping.add(_label(r))
-    assert len(overlapping) >= same
+            shift = abs(r["latency"] - o["latency"])
+            if quiet and shift <= min(x["latency_p75"] - x["latency_p25"] for x in (r, o)):
+                close.add(_label(r))
+        elif quiet and high["latency_p25"] >= low["latency_p75"] * (1 + T.min_gap):
+            apart.add(_label(r))
     c = compare_tables(old, new)
+    assert {r.key for r in c.rows if r.verdict == SAME} == close and same == len(close)
     assert {r.key for r in c.rows if r.verdict in MOVED}.isdisjoint(overlapping)
     changes = done.stdout.split("beyond both rows' noise):\n", 1)[1].split("largest deviations:", 1)[0]
     assert not any(f"{key}:" in changes for key in overlapping), changes
+    assert {r.key for r in c.rows if r.verdict in MOVED} == apart and faster + slower == len(apart)
 
 
 def test_a_planted_slowdown_of_10_rows_is_slower_for_exactly_those(reruns):
