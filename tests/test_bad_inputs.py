@@ -469,6 +469,21 @@ ROWS = [
         ),
     ),
     Row(
+        "model-config-moe-layer-flag-not-0-or-1",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'moe_layer_freq': Value error, set it to a positive int (every k-th layer is MoE) or one "
+        "0/1 flag per layer (got [0, 2, 1])",
+        write(
+            "{tmp}/config.json",
+            json.dumps(
+                {
+                    **json.loads((ROOT / "tests/data/sparse_configs/MiniMaxAI--MiniMax-M3_config.json").read_text()),
+                    "moe_layer_freq": [0, 2, 1],
+                }
+            ),
+        ),
+    ),
+    Row(
         "model-config-gdn-value-heads-not-a-multiple",
         (*PLAN, "--model-config", "{tmp}/config.json"),
         "config.json: field 'linear_num_value_heads': 40 is not a multiple of linear_num_key_heads 16; each key head "

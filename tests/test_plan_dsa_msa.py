@@ -17,7 +17,7 @@ import pytest
 from conftest import run_cli
 
 from opcollect.cases import sparse
-from opcollect.cases.profiles import parse_config, read_hf_config
+from opcollect.cases.profiles import derive_shapes, parse_config, read_hf_config
 from opcollect.cases.sources import load_grids
 from opcollect.cases.systems import load_systems
 from opcollect.errors import InputError
@@ -222,7 +222,7 @@ def _config(name: str) -> dict:
     return json.loads((CONFIGS / name).read_text())
 
 
-def test_configs_read_as_the_profiles(planner):
+def test_configs_read_as_the_profiles(planner, tmp_path):
     """A shipped config.json reads to its profile's sparse attention (cases/models)."""
     profiles = {s.name: s for s in planner.sources.models}
     for file, profile in (
@@ -233,11 +233,23 @@ def test_configs_read_as_the_profiles(planner):
         assert spec.sparse == profiles[profile].sparse and spec.architecture == profiles[profile].architecture
     assert profiles["GLM-5.2-FP8"].sparse.topk_freq == 4 and profiles["GLM-5.2-FP8"].sparse.gemm_type == "fp8_block"
     assert profiles["GLM-5"].sparse.gemm_type == "bfloat16" and profiles["DeepSeek-V3.2"].sparse.index_heads == 64
-    # MiniMax-M3's config keeps moe_layer_freq as a per-layer list, which the planner's MoE keys do not read: its
-    # attention keys alone give the profile's MSA
-    data = _config("MiniMaxAI--MiniMax-M3_config.json")
-    found = sparse.sparse_attention("m3", data["architectures"][0], data, False, 64, data["num_key_value_heads"])
-    assert found == profiles["MiniMax-M3"].sparse == sparse.Msa("MiniMaxM3ForCausalLM", 64, 4, 128, 128, 16)
+    # MiniMax-M3's config keeps moe_layer_freq as one 0/1 flag per layer and its dense MLP width under
+    # dense_intermediate_size: the whole file reads to the profile's shapes
+    spec = read_hf_config(CONFIGS / "MiniMaxAI--MiniMax-M3_config.json")
+    assert spec.sparse == profiles["MiniMax-M3"].sparse == sparse.Msa("MiniMaxM3ForCausalLM", 64, 4, 128, 128, 16)
+    assert derive_shapes(spec, [1, 4, 8]) == derive_shapes(profiles["MiniMax-M3"], [1, 4, 8])
+    dense, experts = spec.layout.dense, spec.layout.experts
+    assert (dense.inter, dense.key, experts.mlp.inter, experts.count) == (12288, "dense_intermediate_size", 3072, 128)
+    for flags, dense_width in (([1] * 60, None), ([0, 0, 0] + [1] * 57, 12288)):
+        data = {**_config("MiniMaxAI--MiniMax-M3_config.json"), "moe_layer_freq": flags, "first_k_dense_replace": 0}
+        path = tmp_path / "m3.json"
+        path.write_text(json.dumps(data))
+        layout = read_hf_config(path).layout
+        assert (layout.dense.inter if layout.dense else None) == dense_width, flags
+    data = {**_config("MiniMaxAI--MiniMax-M3_config.json"), "moe_layer_freq": [0, 2]}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="moe_layer_freq"):
+        read_hf_config(tmp_path / "bad.json")
 
 
 def _parse(data: dict):

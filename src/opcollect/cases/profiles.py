@@ -39,6 +39,7 @@ class ModelConfig(BaseModel):
     num_key_value_heads: PosInt | None = None  # absent: one kv head per query head
     head_dim: PosInt | None = None  # absent: hidden_size / num_attention_heads
     intermediate_size: PosInt | None = None
+    dense_intermediate_size: PosInt | None = None  # the dense layers' MLP width where it differs (MiniMax-M3)
     vocab_size: PosInt | None = None
     num_hidden_layers: PosInt | None = None
     # mixture of experts: the expert count goes by three names; 0 means a dense model
@@ -50,7 +51,8 @@ class ModelConfig(BaseModel):
     n_shared_experts: NonNegInt | None = None  # shared experts of moe_intermediate_size each
     shared_expert_intermediate_size: NonNegInt | None = None  # one shared expert of this size
     first_k_dense_replace: NonNegInt | None = None  # the first k layers are dense
-    moe_layer_freq: PosInt | None = None
+    # every k-th layer is MoE, or (MiniMax-M3) one 0/1 flag per layer, 1 for a MoE layer
+    moe_layer_freq: int | tuple[int, ...] | None = None
     decoder_sparse_step: PosInt | None = None
     mlp_only_layers: Annotated[tuple[NonNegInt, ...], Field(strict=False)] | None = None
     # multi-head latent attention
@@ -67,6 +69,14 @@ class ModelConfig(BaseModel):
     layer_types: Annotated[tuple[str, ...], Field(strict=False)] | None = None
     # a multimodal model's vision tower: its encoder attention shapes (cases/vision.py)
     vision_config: VisionConfig | None = None
+
+    @field_validator("moe_layer_freq", mode="before")
+    @classmethod
+    def _every_kth_or_one_flag_per_layer(cls, value: object) -> object:
+        flags = isinstance(value, list) and value and all(type(v) is int and v in (0, 1) for v in value)
+        if not (flags or (type(value) is int and 0 < value <= MAX_DIM)):
+            raise ValueError("set it to a positive int (every k-th layer is MoE) or one 0/1 flag per layer")
+        return tuple(value) if flags else value
 
     @field_validator("num_key_value_heads")
     @classmethod
@@ -424,13 +434,19 @@ def _layout(source: str, arch: str, name: str, cfg: ModelConfig, family: Family,
             dense_why = f" (the first {cfg.first_k_dense_replace} layers are dense)"
         elif cfg.mlp_only_layers:
             dense_why = " (mlp_only_layers are dense)"
+        elif isinstance(cfg.moe_layer_freq, tuple):
+            if 0 in cfg.moe_layer_freq:
+                dense_why = " (moe_layer_freq marks some layers dense)"
         elif (cfg.decoder_sparse_step or 1) > 1 or (cfg.moe_layer_freq or 1) > 1:
             dense_why = " (some layers are dense)"
     dense = None
     if experts is None or dense_why:
-        if cfg.intermediate_size is None:
+        if cfg.dense_intermediate_size is not None:
+            dense = Mlp(cfg.dense_intermediate_size, "dense_intermediate_size")
+        elif cfg.intermediate_size is None:
             raise missing("intermediate_size", dense_why)
-        dense = Mlp(cfg.intermediate_size, "intermediate_size")
+        else:
+            dense = Mlp(cfg.intermediate_size, "intermediate_size")
     return Layout(hidden, heads, attention, dense, experts, cfg.vocab_size, vision_layout(source, cfg.vision_config))
 
 
