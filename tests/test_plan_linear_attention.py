@@ -216,8 +216,28 @@ def test_configs_read_as_the_profiles(planner):
         "Qwen3_5ForConditionalGeneration", 5120, 4, 16, 128, 48, 128, 48, 16
     )
     assert profiles["Nemotron-H-56B-Base-8K"].linear == linear.Mamba2(
-        "NemotronHForCausalLM", 8192, 256, 4, 256, 64, 8, 128, 54, 10
+        "NemotronHForCausalLM", 8192, 256, 4, 256, 64, 8, 128, 54, 10, 54
     )
+
+
+def test_nemotron_h_mlp_blocks_plan_an_ungated_up_and_down(planner, tmp_path):
+    """Nemotron-H's "-" blocks are up_proj, relu2, down_proj (no gate): intermediate_size / tp wide at each TP that
+    divides it; Nemotron-3's pattern has none (its E blocks' experts are not planned), so neither GEMM."""
+    spec = read_hf_config(CONFIGS / NEMOTRON)
+    profile = next(s for s in planner.sources.models if s.name == "Nemotron-H-56B-Base-8K")
+    shapes = derive_shapes(spec, [1, 2, 4, 8])
+    assert shapes == derive_shapes(profile, [1, 2, 4, 8])
+    for tp in (1, 2, 4, 8):
+        assert {(32768 // tp, 8192), (8192, 32768 // tp)} <= {tuple(g) for g in shapes.gemm}
+    # a gate would make up 2 x 32768 / tp wide: at tp 8 alone, (8192, 8192) is no other projection's
+    assert (2 * 32768 // 8, 8192) not in {tuple(g) for g in derive_shapes(spec, [8]).gemm}
+    ultra = read_hf_config(CONFIGS / "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4_config.json")
+    assert ultra.linear.mlp_layers == 0 and ultra.layout.dense is None
+    data = json.loads((CONFIGS / NEMOTRON).read_text())
+    del data["intermediate_size"]
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="missing key 'intermediate_size'.*MLP blocks"):
+        read_hf_config(tmp_path / "config.json")
 
 
 def test_a_hybrid_model_plans_its_attention_and_its_linear_attention(planner):

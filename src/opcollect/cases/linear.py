@@ -99,6 +99,7 @@ class Mamba2(NamedTuple):
     chunk_size: int
     layers: int  # M blocks
     attention_layers: int  # * blocks
+    mlp_layers: int = 0  # - blocks: an ungated relu2 MLP each (cases/profiles.py plans its GEMMs)
 
 
 def config_keys(data: Mapping[str, object]) -> dict[str, object]:
@@ -260,6 +261,7 @@ def _mamba2(
         keys.chunk_size,
         pattern.count("M"),
         pattern.count("*"),
+        pattern.count("-"),
     )
 
 

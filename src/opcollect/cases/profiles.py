@@ -99,6 +99,8 @@ class Family:
     defaults: Mapping[str, object] = field(default_factory=dict)  # its config class's defaults for absent keys
     alternating_window: bool = False  # sliding and full layers alternate when layer_types is absent
     ffn: bool = True  # False: its MLP and expert keys mean other shapes than the standard reading's (not planned)
+    # its MLP blocks (Nemotron-H's "-") are up_proj, relu2, down_proj: one intermediate_size wide, no gate
+    ungated_mlp: bool = False
 
 
 _PLAIN = Family()
@@ -131,11 +133,11 @@ FAMILIES: dict[str, Family] = {
     "Qwen3_5ForConditionalGeneration": _QWEN,
     "Qwen3_5MoeForConditionalGeneration": _QWEN,
     "Qwen3NextForCausalLM": _QWEN,
-    # Mamba2, attention, MLP and MoE blocks by hybrid_override_pattern (cases/linear.py). Its MLP is up_proj, relu2,
-    # down_proj without a gate, and Nemotron-3's experts run in moe_latent_size with a shared expert of
-    # moe_shared_expert_intermediate_size (aiconfigurator-core sdk/models/nemotron_h.py:221-370): the standard
-    # reading (a gated MLP, hidden-wide experts) would plan other GEMMs, so its FFN shapes are not planned
-    "NemotronHForCausalLM": Family(ffn=False),
+    # Mamba2, attention, MLP and MoE blocks by hybrid_override_pattern (cases/linear.py). Its MLP blocks are up_proj,
+    # relu2, down_proj without a gate, planned as such; Nemotron-3's experts run in moe_latent_size with a shared
+    # expert of moe_shared_expert_intermediate_size (aiconfigurator-core sdk/models/nemotron_h.py:221-370): the
+    # standard reading (hidden-wide experts) would plan other GEMMs, so its expert shapes are not planned
+    "NemotronHForCausalLM": Family(ffn=False, ungated_mlp=True),
 }
 
 
@@ -179,6 +181,7 @@ class Mla(NamedTuple):
 class Mlp(NamedTuple):
     inter: int
     key: str  # the config key it comes from, for notes
+    gated: bool = True  # gate_up projects to 2 x inter; ungated, up projects to inter
 
 
 class Experts(NamedTuple):
@@ -294,7 +297,7 @@ class _Collector:
             self.leave_out(tp, f"does not divide {mlp.key} {mlp.inter}", f"{what} gate_up/down GEMM", ("gemm",))
             return
         part = mlp.inter // tp
-        self.gemm.add(GemmShape(2 * part, self.hidden))  # gate_up
+        self.gemm.add(GemmShape(2 * part if mlp.gated else part, self.hidden))  # gate_up, or up
         self.gemm.add(GemmShape(self.hidden, part))  # down
 
 
@@ -489,6 +492,13 @@ def parse_config(
     layers = linear.linear_attention(
         source, architecture, raw, config.hidden_size, config.layer_types, config.num_hidden_layers
     )
+    if family.ungated_mlp and isinstance(layers, linear.Mamba2) and layers.mlp_layers:
+        if config.intermediate_size is None:
+            raise InputError(
+                f"{source}: missing key 'intermediate_size' required for {architecture} (hybrid_override_pattern "
+                "has MLP blocks); add it from the model's config.json"
+            )
+        layout = replace(layout, dense=Mlp(config.intermediate_size, "intermediate_size", gated=False))
     return ModelSpec(
         name, architecture, config, source, layout, tuple(found), static_fp8(source, quantization), attention, layers
     )
