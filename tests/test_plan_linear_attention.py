@@ -220,6 +220,25 @@ def test_configs_read_as_the_profiles(planner):
     )
 
 
+def test_qwen35_output_gate_doubles_the_query_width_of_qkv(planner, tmp_path):
+    """attn_output_gate: q_proj projects each head's query and its gate, so qkv is (2 q + 2 kv) x head_dim wide on a
+    rank (Qwen3.5-27B at tp 8: 3 query heads, 1 kv head of 256: 2048, which its GDN layers' qkv projection is too);
+    false, the standard (q + 2 kv) x head_dim, 1280."""
+    data = json.loads((CONFIGS / QWEN).read_text())
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    gemms = {tuple(g) for g in derive_shapes(read_hf_config(tmp_path / "config.json"), [8]).gemm}
+    assert (2048, 5120) in gemms and (1280, 5120) not in gemms
+    data["text_config"]["attn_output_gate"] = False
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    gemms = {tuple(g) for g in derive_shapes(read_hf_config(tmp_path / "config.json"), [8]).gemm}
+    assert (1280, 5120) in gemms
+    del data["text_config"]["attn_output_gate"]  # absent: the family's default, gated (vLLM's qwen3_next.py)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert (1280, 5120) not in {tuple(g) for g in derive_shapes(read_hf_config(tmp_path / "config.json"), [8]).gemm}
+    profile = next(s for s in planner.sources.models if s.name == "Qwen3.5-27B")
+    assert (1280, 5120) not in {tuple(g) for g in derive_shapes(profile, [8]).gemm}
+
+
 def test_nemotron_h_mlp_blocks_plan_an_ungated_up_and_down(planner, tmp_path):
     """Nemotron-H's "-" blocks are up_proj, relu2, down_proj (no gate): intermediate_size / tp wide at each TP that
     divides it; Nemotron-3's pattern has none (its E blocks' experts are not planned), so neither GEMM."""

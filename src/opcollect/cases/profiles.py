@@ -67,6 +67,7 @@ class ModelConfig(BaseModel):
     max_window_layers: NonNegInt | None = None
     sliding_window_pattern: PosInt | None = None
     layer_types: Annotated[tuple[str, ...], Field(strict=False)] | None = None
+    attn_output_gate: bool | None = None  # Qwen3.5 / Qwen3-Next: q_proj projects the query and its output gate
     # a multimodal model's vision tower: its encoder attention shapes (cases/vision.py)
     vision_config: VisionConfig | None = None
 
@@ -105,6 +106,7 @@ class Family:
 
 _PLAIN = Family()
 _QWEN = Family(defaults={"use_sliding_window": False})  # sliding_window is set but unused unless enabled
+_QWEN_GATED = Family(defaults={"use_sliding_window": False, "attn_output_gate": True})
 _GEMMA3 = Family(defaults={"head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6})
 
 FAMILIES: dict[str, Family] = {
@@ -130,9 +132,10 @@ FAMILIES: dict[str, Family] = {
     "MiniMaxM3ForCausalLM": _PLAIN,  # GQA with MSA's sparse_attention_config (cases/sparse.py)
     "DeepseekV4ForCausalLM": _PLAIN,  # compressed sparse attention and mHC: its own keys (cases/dsv4.py)
     # Gated DeltaNet layers beside full attention (cases/linear.py); the language model's keys are under text_config
-    "Qwen3_5ForConditionalGeneration": _QWEN,
-    "Qwen3_5MoeForConditionalGeneration": _QWEN,
-    "Qwen3NextForCausalLM": _QWEN,
+    # and attn_output_gate, True where absent (vLLM 0.24.0 model_executor/models/qwen3_next.py:244)
+    "Qwen3_5ForConditionalGeneration": _QWEN_GATED,
+    "Qwen3_5MoeForConditionalGeneration": _QWEN_GATED,
+    "Qwen3NextForCausalLM": _QWEN_GATED,
     # Mamba2, attention, MLP and MoE blocks by hybrid_override_pattern (cases/linear.py). Its MLP blocks are up_proj,
     # relu2, down_proj without a gate, planned as such; Nemotron-3's experts run in moe_latent_size with a shared
     # expert of moe_shared_expert_intermediate_size (aiconfigurator-core sdk/models/nemotron_h.py:221-370): the
@@ -168,6 +171,8 @@ class Gqa(NamedTuple):
     kv_heads: int
     head_dim: int
     windows: tuple[int, ...]  # 0 is full attention
+    # attn_output_gate (Qwen3.5, Qwen3-Next): q_proj also projects a per-head output gate, twice the query width
+    output_gate: bool = False
 
 
 class Mla(NamedTuple):
@@ -273,7 +278,8 @@ class _Collector:
         else:
             self.leave_out(tp, f"does not split {attn.kv_heads} kv heads evenly", what, families)
             return
-        self.gemm.add(GemmShape((q + 2 * kv) * attn.head_dim, self.hidden))  # qkv
+        gated = 2 if attn.output_gate else 1  # the gate's half of q_proj (aiconfigurator-core sdk/models/qwen35.py:361)
+        self.gemm.add(GemmShape((gated * q + 2 * kv) * attn.head_dim, self.hidden))  # qkv
         self.gemm.add(GemmShape(self.hidden, q * attn.head_dim))  # o
         for window in attn.windows:
             self.heads.add(HeadShape(q, kv, attn.head_dim, window))
@@ -398,7 +404,7 @@ def _layout(source: str, arch: str, name: str, cfg: ModelConfig, family: Family,
                 raise missing("head_dim", f" (hidden_size {hidden} is not a multiple of num_attention_heads {heads})")
             head_dim = hidden // heads
         windows = _windows(cfg, family, missing, name, notes)
-        attention = Gqa(cfg.num_key_value_heads or heads, head_dim, windows)
+        attention = Gqa(cfg.num_key_value_heads or heads, head_dim, windows, bool(cfg.attn_output_gate))
 
     if not family.ffn:
         return Layout(hidden, heads, attention, None, None, cfg.vocab_size, vision_layout(source, cfg.vision_config))
