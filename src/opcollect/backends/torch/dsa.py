@@ -41,13 +41,12 @@ the case's architecture.
 
 from __future__ import annotations
 
+from opcollect.backends.torch.reference import CHUNK_ELEMENTS, EPS, admitted_dtype, chunk, element_bytes, rms_norm
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import random_tensor
 
 KV_LORA = 512  # the latent's value part; the key adds qk_rope (plans/mla.py)
-EPS = 1e-6
 THETA = 10000.0
-CHUNK_ELEMENTS = 2**24  # the largest per-chunk intermediate (scores, gathered latents), in elements
 DTYPES = ("float32", "bfloat16")
 
 
@@ -62,27 +61,7 @@ def model_dims(case):
 
 
 def dtype_of(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise KernelLimit(f"the torch DSA reference computes in {'/'.join(DTYPES)}, not {name}")
-    return getattr(torch, name)
-
-
-def element_bytes(name: str) -> int:
-    return 4 if name == "float32" else 2
-
-
-def chunk(total: int, per_row: int) -> int:
-    """Rows per chunk so that one chunk's intermediate stays within CHUNK_ELEMENTS."""
-    return max(1, min(total, CHUNK_ELEMENTS // max(1, per_row)))
-
-
-def rms_norm(x, weight, eps: float = EPS):
-    import torch
-
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return admitted_dtype(name, DTYPES, "DSA")
 
 
 def rope_tables(positions, dim: int, theta: float = THETA):

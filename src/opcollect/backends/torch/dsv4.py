@@ -32,14 +32,13 @@ DeepSeek-V4 config (cases/models/DeepseekV4ForCausalLM.yaml).
 
 from __future__ import annotations
 
+from opcollect.backends.torch.reference import CHUNK_ELEMENTS, admitted_dtype, chunk, element_bytes, rms_norm
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import random_tensor
 
 ROPE = 64  # qk_rope_head_dim of DeepSeek-V4-Flash and -Pro
-EPS = 1e-6  # rms_norm_eps: the collectors set 1e-6 (collector/vllm/collect_dsv4_attn.py:134-136)
 THETA = 10000.0
 CSA = 4  # the compress ratio with an indexer and overlapping blocks (compressor.py:216-217)
-CHUNK_ELEMENTS = 2**24  # the largest per-chunk intermediate (scores, gathered KV), in elements
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -54,28 +53,7 @@ def model_dims(case):
 
 
 def dtype_of(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise KernelLimit(f"the torch DeepSeek-V4 reference computes in {'/'.join(DTYPES)}, not {name}")
-    return getattr(torch, name)
-
-
-def element_bytes(name: str) -> int:
-    return 4 if name == "float32" else 2
-
-
-def chunk(total: int, per_row: int) -> int:
-    """Rows per chunk so that one chunk's intermediate stays within CHUNK_ELEMENTS."""
-    return max(1, min(total, CHUNK_ELEMENTS // max(1, per_row)))
-
-
-def rms_norm(x, weight=None, eps: float = EPS):
-    import torch
-
-    xf = x.float()
-    out = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
-    return (out if weight is None else out * weight.float()).to(x.dtype)
+    return admitted_dtype(name, DTYPES, "DeepSeek-V4")
 
 
 def rope_tables(positions):

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from opcollect.backends.torch.reference import CHUNK_ELEMENTS, admitted_dtype, chunk
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import random_tensor
 
 EPS = 1e-6  # rms_norm_eps
 THETA = 5_000_000.0  # rope_theta
-CHUNK_ELEMENTS = 2**24  # the largest per-chunk intermediate (scores, gathered K and V), in elements
 DTYPES = ("float32", "bfloat16")
 
 
@@ -61,15 +61,7 @@ def model_geometry(case) -> Geometry:
 
 
 def dtype_of(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise KernelLimit(f"the torch MSA reference computes in {'/'.join(DTYPES)}, not {name}")
-    return getattr(torch, name)
-
-
-def chunk(total: int, per_row: int) -> int:
-    return max(1, min(total, CHUNK_ELEMENTS // max(1, per_row)))
+    return admitted_dtype(name, DTYPES, "MSA")
 
 
 def gemma_norm(x, weight, eps: float = EPS):
