@@ -20,6 +20,9 @@ A mutant is caught when its tests fail (or hang past the timeout), missed when t
 
 A blind file lists mutants ({"name", "path", "old", "new"}) written by someone who has not read the tests; each
 runs against the test files that import its module (covering_tests), so nobody picks the tests that catch it.
+With --map JSON (scripts/covermap.py) each runs the tests that execute its lines, and where those pass, the
+whole files of those tests and the files importing its module: a test reads a line through a session-scoped
+planner or a cache that an earlier test filled, charged to that test alone (all of them run in CI).
 
 Before the mutants, a baseline runs every mutant's tests on an unmodified copy: a test that already
 fails would "catch" anything, so a failing baseline stops the script (``--no-baseline`` skips it).
@@ -73,6 +76,10 @@ class Mutant:
     old: str
     new: str
     tests: tuple[str, ...]  # test files or node IDs, relative to the project root
+    # --map only: what runs when ``tests`` pass: the whole files of the mapped tests and the files importing the
+    # module (tests sharing a module- or session-scoped fixture, or a cache, with a mapped test read what the
+    # mutated line computed for it), each test that failed in the map's run deselected
+    wider: tuple[str, ...] = ()
 
 
 def m(name: str, path: str, old: str, new: str, *tests: str) -> Mutant:
@@ -133,7 +140,14 @@ def blind_mutants(path: Path, covermap: Path | None = None) -> list[Mutant]:
         print(f"{len(found['failed'])} tests failed in the map's run and are left out: {found['failed'][:3]}")
         failed = set(found["failed"])
         found["tests"] = [t if t not in failed else None for t in found["tests"]]
-    return [Mutant(e["name"], e["path"], e["old"], e["new"], mapped_tests(found, e["path"], e["old"])) for e in entries]
+    failed = [f"--deselect={node}" for node in found.get("failed", ())]
+    mutants = []
+    for e in entries:
+        tests = mapped_tests(found, e["path"], e["old"])
+        own = covering_tests(e["path"])
+        files = [*own, *sorted({t.partition("::")[0] for t in tests} - set(own), key=lambda f: (f in SLOW, f))]
+        mutants.append(Mutant(e["name"], e["path"], e["old"], e["new"], tests, (*files, *failed) if files else ()))
+    return mutants
 
 
 MUTANTS: list[Mutant] = [
@@ -1084,7 +1098,11 @@ def main(argv: list[str] | None = None) -> int:
             copy = Path(tmp)
             _copy_project(copy)
             _apply(copy, mutant)
-            return _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
+            outcome = _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
+            if outcome[0] == "passed" and mutant.wider:
+                wider = _pytest(python, copy, mutant.wider, args.timeout, args.verbose)
+                return wider[0], outcome[1] + wider[1], f"(wider) {wider[2]}" if wider[2] else "(wider)"
+            return outcome
 
     # each mutant runs in its own copy, so --jobs of them can run at once (each pytest is one process)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

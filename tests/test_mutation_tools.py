@@ -53,3 +53,26 @@ def test_mapped_tests_are_those_reaching_the_snippet_else_those_reaching_the_mod
     assert mutants.mapped_tests(covermap, "names.py", two_lines) == ("t::b", "t::c")  # a failed test (None) is left out
     assert mutants.mapped_tests(covermap, "names.py", text[0]) == ("t::b", "t::c")  # import-time line: whole module
     assert mutants.mapped_tests(covermap, "flags.py", "import") == ()  # a module no test reaches
+
+
+def test_a_mapped_mutant_that_passes_runs_its_tests_files_and_its_modules_importers(tmp_path):
+    """Where the mapped tests pass, the wider run holds the files importing the module first, then the mapped
+    tests' other files (the slow ones last), with every test that failed in the map's run deselected."""
+    mutants = _script("mutants")
+    text = (ROOT / "src" / "opcollect" / "tables" / "noise.py").read_text().splitlines()
+    body = next(i for i, line in enumerate(text, 1) if line.startswith("    ") and line.strip())
+    covermap = {
+        "tests": ["tests/test_slurm.py::t", "tests/test_merge.py::a", "tests/test_compare.py::b"],
+        "files": {"tables/noise.py": {str(body): [0, 1, 2]}},
+        "failed": ["tests/test_compare.py::b"],
+    }
+    (tmp_path / "map.json").write_text(json.dumps(covermap))
+    entry = {"name": "n", "path": "tables/noise.py", "old": text[body - 1], "new": text[body - 1] + "  # x"}
+    (tmp_path / "blind.json").write_text(json.dumps([entry]))
+    [mutant] = mutants.blind_mutants(tmp_path / "blind.json", tmp_path / "map.json")
+    assert mutant.tests == ("tests/test_merge.py::a", "tests/test_slurm.py::t")  # the failed test left out
+    own = mutants.covering_tests("tables/noise.py")
+    assert "tests/test_compare_noise.py" in own
+    assert mutant.wider == (*own, "tests/test_merge.py", "tests/test_slurm.py", "--deselect=tests/test_compare.py::b")
+    [unmapped] = mutants.blind_mutants(tmp_path / "blind.json")
+    assert unmapped.wider == () and unmapped.tests == own
