@@ -17,7 +17,9 @@ from opcollect.backends.sglang import (
     attention,
     dsa,
     dsa_kernels,
+    dsv4_kernels,
     encoder_attention,
+    gdn,
     gemm,
     mhc,
     mla,
@@ -69,6 +71,7 @@ RUNNERS.add("scale_matrix", Runner(quantize.footprint, partial(quantize.prepare,
 RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
 RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
 RUNNERS.add("mhc", Runner(mhc.footprint, mhc.prepare))
+RUNNERS.add("gdn", Runner(gdn.footprint, gdn.prepare))  # Gated DeltaNet's conv and core kernels, one a row
 # GLM-5's DSA kernels alone; a top-k whose requests fit in index_topk is held at 0 by the plan, not run
 RUNNERS.add("glm5_mqa_logits_module", Runner(dsa_kernels.mqa_footprint, dsa_kernels.prepare_mqa))
 RUNNERS.add(
@@ -76,6 +79,12 @@ RUNNERS.add(
     Runner(dsa_kernels.topk_footprint, dsa_kernels.prepare_topk, untimed=dsa_kernels.trivial_topk),
 )
 RUNNERS.add("glm5_dsa_attn_module", Runner(dsa_kernels.attn_footprint, dsa_kernels.prepare_attn))
+# DeepSeek-V4's CSA indexer kernels alone; a top-k whose rows keep every entry is held at 0 by the plan, not run
+RUNNERS.add("dsv4_paged_mqa_logits_module", Runner(dsv4_kernels.paged_footprint, dsv4_kernels.prepare_paged))
+RUNNERS.add(
+    "dsv4_csa_topk_calib",
+    Runner(dsv4_kernels.topk_footprint, dsv4_kernels.prepare_topk, untimed=dsv4_kernels.trivial_topk),
+)
 for _context, _phase in ((True, "context"), (False, "generation")):  # op_name tells an indexer-skipping layer
     RUNNERS.add(
         f"dsa_{_phase}_module",

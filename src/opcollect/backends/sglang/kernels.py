@@ -71,6 +71,28 @@ KERNELS = {
         for mode in ("indexer", "skip_indexer")
         for impl, pattern in (("fa3", FA3), ("flashmla_sparse", r"sparse_attn_fwd"), ("flashmla_kv", r"mla_fp8_sparse"))
     },
+    # DeepSeek-V4's CSA indexer kernels (backends/sglang/dsv4_kernels.py): DeepGEMM's JIT
+    # sm90/sm100_fp8_paged_mqa_logits, or the indexer's torch fallbacks (srt/layers/attention/dsv4/indexer.py:49-221:
+    # gathers, a bmm or einsum, relu); the JIT top-k of jit_kernel/csrc/deepseek_v4/: v1's topk_transform_kernel
+    # (topk_v1.cuh:231), v2's topk_short_transform, topk_combine_preprocess/_transform and topk_fused_transform
+    # (topk_v2.cuh:230-322), and the torch fallback's aten topk (indexer.py:223-306)
+    "deep_gemm.fp8_paged_mqa_logits": Meaning((r"fp8_paged_mqa_logits",)),
+    "fp8_paged_mqa_logits_torch": Meaning((CUBLAS,)),
+    "fp8_paged_mqa_logits_torch_sm120": Meaning((CUBLAS,)),
+    "topk_transform": Meaning((r"(?<![a-z_])topk_transform_kernel|topk_(short|combine|fused)_transform",)),
+    "topk_transform_v1": Meaning((r"(?<![a-z_])topk_transform_kernel",), serves=("topk_transform",)),
+    "topk_transform_v2": Meaning(
+        (r"topk_(short|combine|fused)_transform|topk_combine_preprocess",), serves=("topk_transform",)
+    ),
+    "topk_transform_512_pytorch_vectorized": Meaning((r"topk|sort",)),
+    # Gated DeltaNet (gdn.py): the Triton kernels named after their @triton.jit functions, _causal_conv1d_fwd_kernel and
+    # _causal_conv1d_update_kernel (srt/layers/attention/mamba/causal_conv1d_triton.py:19, :575), FLA's chunk kernels
+    # (fla/chunk_delta_h.py:53, chunk_o.py:30) and fused_recurrent_gated_delta_rule_packed_decode_kernel
+    # (fla/fused_recurrent.py:186)
+    "causal_conv1d_fn": Meaning((r"_causal_conv1d_fwd_kernel",)),
+    "causal_conv1d_update": Meaning((r"_causal_conv1d_update_kernel",)),
+    "chunk_gated_delta_rule": Meaning((r"chunk_gated_delta_rule_fwd_kernel|chunk_fwd_kernel_o",)),
+    "fused_recurrent_gated_delta_rule_packed_decode": Meaning((r"fused_recurrent_gated_delta_rule_packed_decode",)),
     # communication
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "SGLang_CustomAllReduce_eager": Meaning(unobservable=ROW_RUNNER),

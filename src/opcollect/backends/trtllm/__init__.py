@@ -21,10 +21,12 @@ from opcollect.backends.trtllm import (
     dsa,
     encoder_attention,
     gemm,
+    linear_attention,
     mhc,
     mla,
     mla_bmm,
     moe,
+    msa,
     quantize,
 )
 from opcollect.backends.trtllm.context import installed_version
@@ -53,7 +55,20 @@ def identity(device: str) -> dict:
 
 RUNNERS = Registry(FRAMEWORK)
 # each op module lists its runners per op, each registered for the versions it serves (its version routes)
-for _module in (gemm, attention, moe, mla, allreduce, quantize, mla_bmm, encoder_attention, mhc, dsa):
+for _module in (
+    gemm,
+    attention,
+    moe,
+    mla,
+    allreduce,
+    quantize,
+    mla_bmm,
+    encoder_attention,
+    mhc,
+    dsa,
+    msa,
+    linear_attention,
+):
     for _op, _runners in _module.RUNNERS.items():
         for _runner in _runners:
             RUNNERS.add(_op, _runner)

@@ -27,6 +27,7 @@ GEMMS = r"gemm|gemv|nvjet|xmma|cutlass|fp8_blockscale|fpA_intB|splitKreduce"
 ATTENTION = r"fmha|kernel_mha|xqa|masked_multihead_attention|mmha"
 ATTENTION_OPS = ("attention_context", "attention_generation", "encoder_attention")
 CUTLASS_MOE = r"cutlass|moe_gemm|expandInputRows|finalizeMoeRouting"
+MSA_OPS = ("msa_context_module", "msa_generation_module")
 ROW_RUNNER = "a row runner: it times the op on every rank at once (or two ops for one row) and observes no kernels"
 
 KERNELS = {
@@ -37,8 +38,15 @@ KERNELS = {
         # the DSA module (dsa.py): FlashMLA's sparse MLA on SM90 (sparse_attn_fwd_kernel, the fp8 sparse decode),
         # trtllm-gen's on SM100 (fmha), the indexer's DeepGEMM fp8 MQA logits and TensorRT-LLM's top-k
         Meaning((r"sparse|mqa_logits|topk|fmha",), ops=("dsa_context_module", "dsa_generation_module")),
+        # the MSA module's Triton route (msa.py, MiniMax-M3 at rc23 off SM100/103): the Triton kernels of
+        # sparse/minimax_m3/triton_backend.py, named after their @triton.jit functions (_block_max_score_kernel of
+        # triton_block_max_score, triton_sparse_softmax's) and its sparse decode (triton_sparse_decode.py)
+        Meaning((r"block_max_score|sparse_softmax|sparse_decode|minimax",), ops=MSA_OPS),
         Meaning((ATTENTION + r"|flash_fwd_splitkv_mla",)),  # MLA and the MLA module
     ),
+    # the MSA module's fmha_sm100 route (SM100/103, sparse/minimax_m3/msa_backend.py): the CuTe DSL sparse attention
+    # (SparseAttentionForwardSm100) and its CSR builder (SparseK2qCsrBuilderSm100), collect_msa_module.py:603-616
+    "msa_fmha_sm100": Meaning((r"fmha_sm100|SparseAttentionForward|SparseK2q|Sm100",)),
     "moe_torch_flow": Meaning((r"matmul_ogs|fused_moe|" + CUTLASS_MOE + r"|bmm_",)),  # Triton, or TRTLLMGen's bmm_
     "moe_torch_flow_cutlass": Meaning((CUTLASS_MOE,)),
     "moe_torch_flow_nongated": Meaning((r"matmul_ogs|" + CUTLASS_MOE,)),
@@ -54,6 +62,17 @@ KERNELS = {
     "trtllm_mhc_pre_dg_splitk": Meaning((r"hc_prenorm_gemm",)),
     "trtllm_mhc_pre_dg_nosplit": Meaning((r"hc_prenorm_gemm",)),
     "trtllm_mhc_post_mapping": Meaning((r"mhcPostMapping",)),
+    # gdn and mamba2 (linear_attention.py): the layers' conv (causal_conv1d.py's torch.ops.trtllm.causal_conv1d_fwd
+    # and causal_conv1d_update CUDA kernels), the GDN prefill (vendored FLA's Triton chunk kernels, or FlashInfer's
+    # GDN prefill) and decode (fused_sigmoid_gating_delta_rule_update_kernel, or FlashInfer's bf16-state GDN decode),
+    # the SSD scan (ssd_*.py Triton kernels _chunk_cumsum/_chunk_state/_state_passing/_chunk_scan/_bmm_chunk) and the
+    # selective state update (TensorRT-LLM's Triton one or FlashInfer's)
+    "causal_conv1d_fn": Meaning((r"causal_conv1d",)),
+    "causal_conv1d_update": Meaning((r"causal_conv1d",)),
+    "chunk_gated_delta_rule": Meaning((r"chunk|gated_delta|gdn|solve_tril|recompute_w_u|l2norm",)),
+    "fused_recurrent_gated_delta_rule": Meaning((r"fused_sigmoid_gating|fused_recurrent|gated_delta|gdn",)),
+    "mamba_chunk_scan_combined": Meaning((r"chunk_scan|chunk_state|state_passing|bmm_chunk|chunk_cumsum|ssd",)),
+    "selective_state_update": Meaning((r"selective_state_update|selective_scan|ssu",)),
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "TRTLLM": Meaning((r"allreduce|oneshot|twoshot|lowprecision|mnnvl|nccl",)),
 }

@@ -14,7 +14,9 @@ for them), and a value read off an imported class (PredefinedAttentionMask.FULL)
   per-tensor quantize ops, MLA's absorb BMMs and its fp8 wrapper's kernels, the no-cache metadata and the FULL mask
   an encoder's attention runs with, mHC's pre_mapping, its tactics' entry points and post_mapping, and what the DSA
   module runner (dsa.py) builds on: the decoder layer's DSA attention, the sparse cache manager and its keywords,
-  the DSA metadata's sparse_metadata_params;
+  the DSA metadata's sparse_metadata_params; and what the MSA module runner (msa.py) builds on: the decoder layer's
+  sparse attention, rc23's MiniMaxM3SparseAttentionConfig.implementation, the sparse cache manager; and the calls
+  of the GDN and Mamba2 layers' forward that the linear-attention runners (linear_attention.py) make;
 - ``fp8_bmm_wrapper`` reads whether the installed fp8 BMM wrapper runs its SM89/90 BMM into a fresh buffer and copies
   it to the output (the copies read do; the reference collector times the BMM without that copy), so mla_bmm times
   what the installed serving code does.
@@ -41,6 +43,8 @@ MHC_MODULE, MHC_CUDA = "_torch/modules/mhc/hyper_connection.py", "_torch/modules
 # DSA's backend, cache manager and metadata: one file up to the copies read at 00e3c1a5, a package later
 DSA_FILES = tuple(f"_torch/attention_backend/sparse/dsa{p}.py" for p in ("", "/cache_manager", "/metadata"))
 DSA_OPS = ("dsa_context_module", "dsa_generation_module")
+MSA_OPS = ("msa_context_module", "msa_generation_module")
+GDN_MIXER, MAMBA2_MIXER = "_torch/modules/mamba/gdn_mixer.py", "_torch/modules/mamba/mamba2_mixer.py"
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,63 @@ ASSUMPTIONS = (
         ("sparse_metadata_params",),
         "the DSA metadata reads the lowered sparse_metadata_params the runner passes (AIC :714-722, :769; "
         "sparse/dsa/metadata.py @065ff9e9)",
+    ),
+    # msa.py builds MiniMax-M3's sparse layer as the reference collector does at rc23 (collect_msa_module.py:300-779)
+    Assumption(
+        MSA_OPS,
+        ("_torch/models/modeling_minimaxm3.py",),
+        "MiniMaxM3DecoderLayer",
+        ("get_sparse_layer_ids(", "is_sparse_attention_layer="),
+        "the decoder layer builds a sparse attention for a layer sparse_attention_freq marks, the one layer the runner "
+        "gives it (modeling_minimaxm3.py, index id 55546326808)",
+    ),
+    Assumption(
+        MSA_OPS,
+        ("llmapi/llm_args.py",),
+        "MiniMaxM3SparseAttentionConfig",
+        ("implementation",),
+        "rc23's MiniMax-M3 route: implementation 'msa' (fmha_sm100) on SM100/103, 'triton' elsewhere, the field the "
+        "runner sets as serving does (collect_msa_module.py:358-367); without it there is no rc23 route",
+    ),
+    Assumption(
+        MSA_OPS,
+        ("_torch/pyexecutor/_util.py",),
+        "get_kv_cache_manager_cls",
+        ("sparse_attention_config", "get_sparse_attn_kv_cache_manager("),
+        "a model with a sparse attention config gets its algorithm's cache manager, MiniMax-M3's KVCacheManagerV2 with "
+        "the index-key side cache (collect_msa_module.py:563-571)",
+    ),
+    # linear_attention.py calls the kernels of the GDN and Mamba2 layers as their forward calls them (gdn_mixer.py
+    # @0d4bd901, mamba2_mixer.py @02140fd4)
+    Assumption(
+        ("gdn",),
+        (GDN_MIXER,),
+        "Qwen3NextGatedDeltaNet.forward_extend",
+        ("causal_conv1d_fn(", "chunk_gated_delta_rule(", "cache_indices=", "cu_seqlens=", "head_first=False"),
+        "a prompt's GDN runs causal_conv1d_fn over the packed channels into the conv-state pool, then the chunked "
+        "gated delta rule over cu_seqlens with the recurrent-state pool",
+    ),
+    Assumption(
+        ("gdn",),
+        (GDN_MIXER,),
+        "Qwen3NextGatedDeltaNet.forward_decode",
+        ("causal_conv1d_update(", "fused_sigmoid_gating_delta_rule_update(", "initial_state_indices=", "cu_seqlens="),
+        "a decode step runs causal_conv1d_update, then the fused-gating recurrent step on the indexed state pool",
+    ),
+    Assumption(
+        ("mamba2",),
+        (MAMBA2_MIXER,),
+        "Mamba2Mixer.forward",
+        (
+            "causal_conv1d_fn(",
+            "mamba_chunk_scan_combined(",
+            "return_varlen_states=True",
+            "causal_conv1d_update(",
+            "self.selective_state_update_func(",
+            "state_batch_indices=",
+        ),
+        "Mamba2's prefill runs causal_conv1d_fn and the varlen SSD scan, its decode causal_conv1d_update and the "
+        "selective state update the mixer picked, on the layer cache's pools",
     ),
 )
 

@@ -16,7 +16,9 @@ from opcollect.backends.vllm import (
     allreduce,
     attention,
     dsa,
+    dsv4,
     encoder_attention,
+    gdn,
     gemm,
     mhc,
     mla,
@@ -69,12 +71,20 @@ for _context, _suffix in ((True, "context"), (False, "generation")):
         f"msa_{_suffix}_module",
         Runner(partial(msa.footprint, context=_context), partial(msa.prepare, context=_context)),
     )
+    for _kind in ("csa", "hca"):  # DeepSeek-V4's attention modules (dsv4.py)
+        RUNNERS.add(
+            f"dsv4_{_kind}_{_suffix}_module",
+            Runner(partial(dsv4.footprint, context=_context), partial(dsv4.prepare, context=_context)),
+        )
 RUNNERS.add("scale_matrix", Runner(quantize.static_footprint, quantize.prepare_static))
 # the dynamic per-token quantization minus the static one, both timed in the row (quantize.py)
 RUNNERS.add("compute_scale", Runner(quantize.compute_scale_footprint, measure_row=quantize.measure_compute_scale))
 RUNNERS.add("mla_bmm", Runner(mla_bmm.footprint, mla_bmm.prepare))
 RUNNERS.add("encoder_attention", Runner(encoder_attention.footprint, encoder_attention.prepare))
 RUNNERS.add("mhc", Runner(mhc.footprint, mhc.prepare))
+RUNNERS.add("gdn", Runner(gdn.footprint, gdn.prepare))  # Gated DeltaNet's conv and core kernels, one a row
+RUNNERS.add("dsv4_hca_attn_module", Runner(dsv4.hca_footprint, dsv4.prepare_hca))
+RUNNERS.add("dsv4_paged_mqa_logits_module", Runner(dsv4.paged_footprint, dsv4.prepare_paged))
 RUNNERS.add("comm", Runner(comm.footprint, measure_row=comm.measure_row))  # NCCL, as nccl-tests times it
 RUNNERS.add("custom_allreduce", Runner(allreduce.footprint, measure_row=allreduce.measure_row))
 

@@ -67,6 +67,12 @@ KERNELS = {
     # with the Triton kernel (nvidia/sparse_attention_msa.py:52-66)
     "MiniMaxM3SparseTritonImpl": Meaning((r"_gqa_sparse_(fwd|decode)_kernel",)),
     "MiniMaxM3SparseMSAImpl": Meaning((r"SparseAttentionForward", r"fmha_sm100", r"_gqa_sparse_decode_kernel")),
+    # DeepSeek-V4's attention (models/deepseek_v4/nvidia/flashmla.py): FlashMLA's sparse prefill (flash_mla_sparse_fwd)
+    # and fp8 sparse decode (flash_mla_with_kvcache), the kernels FLASHMLA_SPARSE names; the HCA row times them alone
+    "FLASHMLA_SPARSE_DSV4": Meaning((r"sparse_attn_fwd", r"mla_fp8_sparse", r"sparse_fp8")),
+    # DeepGEMM's paged MQA logits (vllm/utils/deep_gemm.py:565 -> deep_gemm.fp8_fp4_paged_mqa_logits, JIT-compiled
+    # deep_gemm::sm90_fp8_paged_mqa_logits / sm100_fp8_fp4_paged_mqa_logits)
+    "vllm.utils.deep_gemm.fp8_fp4_paged_mqa_logits": Meaning((r"paged_mqa_logits",)),
     "vllm_torch_bmm": Meaning((CUBLAS,)),
     # moe
     "vllm_unquantizedfusedmoe_triton_tritonexperts": Meaning((r"fused_moe_kernel",)),
@@ -83,6 +89,20 @@ KERNELS = {
     # deep_gemm::sm90_tf32_hc_prenorm_gemm_impl, or TileLang's hc_prenorm_gemm_tilelang without DeepGEMM
     "vllm.model_executor.kernels.mhc.tilelang.mhc_pre_tilelang": Meaning((r"mhc_pre_big_fuse",)),
     "vllm.model_executor.kernels.mhc.tilelang.mhc_post_tilelang": Meaning((r"mhc_post_tilelang",)),
+    # Gated DeltaNet (gdn.py): the Triton kernels named after their @triton.jit functions, _causal_conv1d_fwd_kernel and
+    # _causal_conv1d_update_kernel (model_executor/layers/mamba/ops/causal_conv1d.py:16, :749),
+    # fused_recurrent_gated_delta_rule_packed_decode_kernel (fla/ops/fused_recurrent.py:256) and FLA's chunk kernels
+    # (fla/ops/chunk_delta_h.py:43, chunk_o.py:42, wy_fast.py:29, chunk_scaled_dot_kkt.py:36); FlashInfer's SM90 GDN
+    # prefill is its CUTLASS kernel of namespace flat (csrc/flat/hopper/kernel/
+    # flat_kernel_tma_warpspecialized_delta_rule.hpp), behind ChunkGatedDeltaRule.forward_cuda (gdn/
+    # qwen_gdn_linear_attn.py:241-343)
+    "causal_conv1d_fn": Meaning((r"_causal_conv1d_fwd_kernel",)),
+    "causal_conv1d_update": Meaning((r"_causal_conv1d_update_kernel",)),
+    "chunk_gated_delta_rule_triton": Meaning(
+        (r"chunk_gated_delta_rule_fwd_kernel|chunk_fwd_kernel_o|recompute_w_u_fwd",)
+    ),
+    "chunk_gated_delta_rule_flashinfer": Meaning((r"flat::|DeltaRule",)),
+    "fused_recurrent_gated_delta_rule_packed_decode": Meaning((r"fused_recurrent_gated_delta_rule_packed_decode",)),
     # communication
     "NCCL": Meaning(unobservable=ROW_RUNNER),
     "vLLM_custom_eager": Meaning(unobservable=ROW_RUNNER),
