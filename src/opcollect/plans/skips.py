@@ -382,17 +382,17 @@ SKIPS: list[Skip] = [
     # GLM-5 DSA kernels (backends/sglang/dsa_kernels.py) and vLLM's MSA modules (backends/vllm/msa.py), mHC on all
     # three (backends/<fw>/mhc.py, so it is not listed) and SGLang's DeepSeek-V4 indexer kernels (paged MQA logits,
     # top-k calibration: backends/sglang/dsv4_kernels.py) and vLLM's DeepSeek-V4 attention (its four modules, the HCA
-    # sparse MLA and the paged MQA logits: backends/vllm/dsv4.py); still missing: SGLang's DeepSeek-V4 modules
-    # (TensorRT-LLM's MSA modules have theirs, at 1.3.0rc23 only: backends/trtllm/msa.py; TensorRT-LLM's gdn and
-    # mamba2 theirs: backends/trtllm/linear_attention.py; vLLM's and SGLang's gdn theirs: backends/{vllm,sglang}/
-    # gdn.py). torch has references of all of them. The grids and dispatch are planned and held to the reference
+    # sparse MLA and the paged MQA logits: backends/vllm/dsv4.py) and SGLang's DeepSeek-V4 modules (backends/sglang/
+    # dsv4.py); TensorRT-LLM's MSA modules have theirs, at 1.3.0rc23 only: backends/trtllm/msa.py; TensorRT-LLM's gdn
+    # and mamba2 theirs: backends/trtllm/linear_attention.py; vLLM's and SGLang's gdn theirs: backends/{vllm,sglang}/
+    # gdn.py. torch has references of all of them. The grids and dispatch are planned and held to the reference
     # tables with this entry lifted (tests/conftest.py runner_pending_lifted); an op leaves this entry in the change
     # that adds its runner.
     # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc23
     skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, *LINEAR])
     .unless(backend="vllm", op=["dsa_context_module", "dsa_generation_module"])
     .unless(backend="sglang", op=DSA)
-    .unless(backend="sglang", op=["dsv4_paged_mqa_logits_module", "dsv4_csa_topk_calib"])
+    .unless(backend="sglang", op=[*DSV4_MODULE, "dsv4_paged_mqa_logits_module", "dsv4_csa_topk_calib"])
     .unless(backend="trtllm", op=["dsa_context_module", "dsa_generation_module"])
     .unless(backend="vllm", op=["msa_context_module", "msa_generation_module"])
     .unless(backend="trtllm", op=["msa_context_module", "msa_generation_module"])

@@ -17,6 +17,7 @@ from opcollect.backends.sglang import (
     attention,
     dsa,
     dsa_kernels,
+    dsv4,
     dsv4_kernels,
     encoder_attention,
     gdn,
@@ -90,6 +91,11 @@ for _context, _phase in ((True, "context"), (False, "generation")):  # op_name t
         f"dsa_{_phase}_module",
         Runner(partial(dsa.footprint, context=_context), partial(dsa.prepare, context=_context)),
     )
+    for _kind in ("csa", "hca"):  # DeepSeek-V4's attention module; the case's compress_ratio tells the layer
+        RUNNERS.add(
+            f"dsv4_{_kind}_{_phase}_module",
+            Runner(partial(dsv4.footprint, context=_context), partial(dsv4.prepare, context=_context)),
+        )
 
 
 def footprint(op: str, case) -> int:

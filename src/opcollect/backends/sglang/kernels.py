@@ -85,6 +85,10 @@ KERNELS = {
         (r"topk_(short|combine|fused)_transform|topk_combine_preprocess",), serves=("topk_transform",)
     ),
     "topk_transform_512_pytorch_vectorized": Meaning((r"topk|sort",)),
+    # DeepSeek-V4's attention modules (backends/sglang/dsv4.py), under the reference's label of the dsv4 backend:
+    # FlashMLA's sparse prefill (flash_mla_sparse_fwd, deepseek_v4_backend.py:1476-1548: sparse_attn_fwd_kernel) and
+    # fp8 sparse decode (flash_mla_with_kvcache, :1434-1436: flash_fwd_splitkv_mla_fp8_sparse_kernel)
+    "compressed_flashmla": Meaning((r"sparse_attn_fwd", r"mla_fp8_sparse", r"sparse_fp8")),
     # Gated DeltaNet (gdn.py): the Triton kernels named after their @triton.jit functions, _causal_conv1d_fwd_kernel and
     # _causal_conv1d_update_kernel (srt/layers/attention/mamba/causal_conv1d_triton.py:19, :575), FLA's chunk kernels
     # (fla/chunk_delta_h.py:53, chunk_o.py:30) and fused_recurrent_gated_delta_rule_packed_decode_kernel
