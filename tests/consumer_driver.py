@@ -103,6 +103,70 @@ def _op(query: dict):
             partial_rotary_factor=0.0,
         )
         return op, {"is_context": True, "batch_size": query["batch_size"], "s": query["isl"]}
+    if kind == "context_dsa_module":  # the table's step is the cached prefix before the isl new tokens
+        op = ops.ContextDSAModule(
+            "q",
+            1,
+            query["num_heads"],
+            kv,
+            common.FMHAQuantMode[query["mla_dtype"]],
+            common.GEMMQuantMode[query["gemm_type"]],
+            architecture=query["architecture"],
+        )
+        return op, {"is_context": True, "batch_size": query["batch_size"], "s": query["isl"], "prefix": query["step"]}
+    if kind == "generation_dsa_module":
+        op = ops.GenerationDSAModule(
+            "q",
+            1,
+            query["num_heads"],
+            kv,
+            common.GEMMQuantMode[query["gemm_type"]],
+            architecture=query["architecture"],
+        )
+        return op, {"is_context": False, "batch_size": query["batch_size"], "s": query["isl"] + query["step"]}
+    if kind in ("context_msa_module", "generation_msa_module"):
+        # the table is keyed by heads, prefix, isl and batch alone; the geometry (the query's, and the indexer's
+        # constants of the consumer's MiniMax-M3 model) anchors its speed of light only
+        from aiconfigurator_core.sdk.models.minimax_m3 import MiniMaxM3Model as m3
+
+        context = kind == "context_msa_module"
+        op = (ops.ContextMSAModule if context else ops.GenerationMSAModule)(
+            "q",
+            1,
+            query["num_heads"],
+            query["num_key_value_heads"],
+            query["hidden_size"],
+            query["head_dim"],
+            m3.V_HEAD_DIM,
+            m3.INDEX_N_HEADS,
+            m3.INDEX_HEAD_DIM,
+            m3.SPARSE_TOPK_BLOCKS * m3.SPARSE_BLOCK_SIZE,
+            m3.SPARSE_BLOCK_SIZE,
+            kv,
+            common.FMHAQuantMode[query["mla_dtype"]],
+            common.GEMMQuantMode[query["gemm_type"]],
+            dsa_architecture=m3.DSA_TRANSFER_ARCH,
+        )
+        if context:
+            return op, {
+                "is_context": True,
+                "batch_size": query["batch_size"],
+                "s": query["isl"],
+                "prefix": query["step"],
+            }
+        return op, {"is_context": False, "batch_size": query["batch_size"], "s": query["isl"] + query["step"]}
+    if kind == "mhc":  # "pre" or "post" over num_tokens tokens
+        op = ops.DeepSeekV4MHCModule(
+            "q",
+            1,
+            query["op_name"],
+            query["hidden_size"],
+            query["hc_mult"],
+            query["sinkhorn_iters"],
+            common.GEMMQuantMode.bfloat16,
+            architecture=query["architecture"],
+        )
+        return op, {"is_context": True, "batch_size": 1, "s": query["num_tokens"]}
     raise ValueError(f"unknown query op {kind!r}")
 
 

@@ -20,30 +20,24 @@ family it needs is taken out; the consumer's own per-op answers for every key of
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import shutil
-import subprocess
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
-import pyarrow.parquet as pq
+import consumer_trees
 import pytest
 import test_consumer
 import yaml
-from conftest import ROOT, cases_of, fake_run
-from test_consumer import DRIVER, SYSTEM, _context_ms, _gemm_ms, _generation_ms
+from conftest import ROOT
+from consumer_trees import VERSIONS, Estimate, ask, estimate
+from test_consumer import SYSTEM, _context_ms, _gemm_ms, _generation_ms
 
-from opcollect.plans.planner import PlanOptions
-from opcollect.project import find_project
-from opcollect.tables.merge import merge
 from opcollect.tables.rules import check_tables
 from opcollect.tables.verify import verify_tables
 
 consumer_python = test_consumer.consumer_python  # the fixture: the consumer's venv, made once per session
 
-VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
 COMMON_OPS = ("gemm", "compute_scale", "scale_matrix", "attention_context", "attention_generation")
 COMMON_OPS += ("custom_allreduce", "mla_bmm", "encoder_attention")
 OPS = {
@@ -162,32 +156,7 @@ LATENCY: dict[str, Callable] = {
 
 def build_tables(base: Path, planner) -> Path:
     """One run directory per (backend, op, dispatch) of the compact grid, merged into one TABLES tree."""
-    runs = []
-    for backend, version in VERSIONS.items():
-        plan = planner.plan(backend, "90", PlanOptions(ops=OPS[backend]))
-        for op, selection in plan.ops.items():
-            by_dispatch: dict[str, list] = {}
-            for case, dispatch in zip(cases_of(selection), selection.dispatch):
-                if KEEP[op](case):
-                    by_dispatch.setdefault(dispatch, []).append(case)
-            assert by_dispatch, f"{backend} {op}: the compact grid keeps none of the planned cases"
-            for n, (dispatch, cases) in enumerate(sorted(by_dispatch.items())):
-                name = f"{backend}_{op}_{n}"
-                runs.append(
-                    fake_run(
-                        base / name,
-                        cases,
-                        op=op,
-                        backend=backend,
-                        version=version,
-                        latency_of=LATENCY[op],
-                        kernel_source=dispatch,
-                        run_id=name,
-                    )
-                )
-    tables = base / "TABLES"
-    merge(runs, tables, find_project(), say=lambda _: None)
-    return tables
+    return consumer_trees.build_tables(base, planner, OPS, KEEP, LATENCY)
 
 
 @pytest.fixture(scope="module")
@@ -195,27 +164,7 @@ def tables(tmp_path_factory, planner) -> Path:
     return build_tables(tmp_path_factory.mktemp("estimates"), planner)
 
 
-def _rows(tables: Path, family: str, backend: str, table: str) -> list[dict]:
-    return pq.read_table(tables / SYSTEM / family / backend / VERSIONS[backend] / f"{table}.parquet").to_pylist()
-
-
-def ask(python: Path, root: Path, backend: str, queries: list[dict], tmp: Path) -> list[dict]:
-    """test_consumer.ask for any backend at its version here."""
-    request, answer = tmp / f"request-{backend}.json", tmp / f"answer-{backend}.json"
-    request.write_text(
-        json.dumps(
-            {"root": str(root), "system": SYSTEM, "backend": backend, "version": VERSIONS[backend], "queries": queries}
-        )
-    )
-    done = subprocess.run([str(python), str(DRIVER), str(request), str(answer)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(answer.read_text())
-    assert "error" not in result, result["error"]
-    return result["answers"]
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+_rows, _close = consumer_trees.rows, consumer_trees.close
 
 
 # ---- the tree ----
@@ -247,14 +196,6 @@ def test_the_tree_holds_the_new_tables_with_framework_identities(tables):
 # ---- the estimates ----
 
 
-class Estimate(NamedTuple):
-    model: str  # its config ships inside the consumer: no download
-    backend: str
-    args: tuple[str, ...]
-    op: str  # an op of the estimate's breakdown, and the source the consumer gives it
-    source: str
-
-
 QWEN_FP8 = "Qwen/Qwen3-32B-FP8-Static-PerTensor"
 DEEPSEEK = "deepseek-ai/DeepSeek-V3"
 QWEN_VL = "Qwen/Qwen3-VL-8B-Instruct"
@@ -266,44 +207,6 @@ ESTIMATES = [
     *(Estimate(DEEPSEEK, b, MOE_TP, "generation_mla_block", "silicon") for b in ("sglang", "trtllm")),
     *(Estimate(QWEN_VL, b, IMAGE, "encoder_attention", "silicon") for b in VERSIONS),
 ]
-
-
-def estimate(python: Path, root: Path, e: Estimate) -> tuple[int, str]:
-    done = subprocess.run(
-        [
-            str(python.parent / "aiconfigurator"),
-            "cli",
-            "estimate",
-            "--model-path",
-            e.model,
-            "--system",
-            SYSTEM,
-            "--backend",
-            e.backend,
-            "--perf-db-version",
-            VERSIONS[e.backend],
-            "--systems-paths",
-            str(root),  # this tree alone: not 'default', the consumer's built-in systems
-            "--estimate-mode",
-            "static",
-            "--isl",
-            "1024",
-            "--osl",
-            "128",
-            "--batch-size",
-            "8",
-            "--tp-size",
-            "8",
-            *e.args,
-            "--detail",
-            "time,source",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": str(python.parent), "AIC_STRICT_PROVENANCE": "1", "HOME": str(root.parent)},
-    )
-    return done.returncode, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("e", ESTIMATES, ids=lambda e: f"{e.model.split('/')[1]}-{e.backend}")
