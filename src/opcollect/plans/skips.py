@@ -320,14 +320,20 @@ SKIPS: list[Skip] = [
     # verified_on: trtllm==1.3.0rc23
     skip("trtllm-no-dsv4-attention", backend="trtllm", op=DSV4, sm=["80", "86", "89", "90"]),
     # Only vLLM's collector times the HCA layer's sparse MLA alone (collector/vllm/collect_dsv4_attn.py:674-791); the
-    # consumer reads no such table (aiconfigurator-core 0.12.0 has no loader for it), so SGLang's would be for nothing.
-    # verified_on: sglang==0.5.14
-    skip("dsv4-hca-attn-vllm-only", backend="sglang", op="dsv4_hca_attn_module"),
+    # consumer reads no such table (aiconfigurator-core 0.12.0 has no loader for it), so another framework's would be
+    # for nothing. TensorRT-LLM's collector times the four attention modules alone (collect_dsv4_attn.py:193-205).
+    # verified_on: sglang==0.5.14 trtllm==1.3.0rc23
+    skip("dsv4-hca-attn-vllm-only", backend=["sglang", "trtllm"], op="dsv4_hca_attn_module"),
+    # The CSA indexer's paged MQA logits alone: vLLM's and SGLang's collectors time them, TensorRT-LLM's does not
+    # (collect_dsv4_attn.py:193-205 builds the four modules only) and the H200 reference holds no such table of it.
+    # verified_on: trtllm==1.3.0rc23
+    skip("dsv4-paged-logits-not-trtllm", backend="trtllm", op="dsv4_paged_mqa_logits_module"),
     # The top-k calibration corrects SGLang's CSA module rows, whose dummy weights give the indexer all-equal scores
     # (collector/sglang/collect_dsv4_attn.py:949-959); vLLM's collector writes none (its rows are not corrected: the
     # consumer applies the file only where it exists, dsv4.rs:467-503), so a vLLM one would correct nothing.
-    # verified_on: vllm==0.24.0
-    skip("dsv4-topk-calib-sglang-only", backend="vllm", op="dsv4_csa_topk_calib"),
+    # TensorRT-LLM's collector writes none either (collect_dsv4_attn.py:193-205).
+    # verified_on: vllm==0.24.0 trtllm==1.3.0rc23
+    skip("dsv4-topk-calib-sglang-only", backend=["vllm", "trtllm"], op="dsv4_csa_topk_calib"),
     # SGLang 0.5.14's DeepSeek-V4 hook turns the decode top-k v2 off on SM120 (server_args.py:3796: it needs more
     # than SM120's 99 KB of shared memory), so decode runs v1 there and a v2 row would time a kernel SGLang does not
     # serve. verified_on: sglang==0.5.14
@@ -377,28 +383,13 @@ SKIPS: list[Skip] = [
     # causal-conv1d and selective-scan CUDA kernels), so a GPU row would stand for nothing a framework runs; they
     # write the CPU's tables. verified_on: torch==2.13.0
     skip("torch-linear-attention-cpu-only", backend="torch", op=LINEAR, sm=list(GPU_SMS)),
-    # The framework ops of issues 24 and 25 whose runner opcollect does not have yet: every case would fail as a block
-    # with "no runner". Runners exist for the DSA modules (vLLM, SGLang, TensorRT-LLM: backends/<fw>/dsa.py), SGLang's
-    # GLM-5 DSA kernels (backends/sglang/dsa_kernels.py) and vLLM's MSA modules (backends/vllm/msa.py), mHC on all
-    # three (backends/<fw>/mhc.py, so it is not listed) and SGLang's DeepSeek-V4 indexer kernels (paged MQA logits,
-    # top-k calibration: backends/sglang/dsv4_kernels.py) and vLLM's DeepSeek-V4 attention (its four modules, the HCA
-    # sparse MLA and the paged MQA logits: backends/vllm/dsv4.py) and SGLang's DeepSeek-V4 modules (backends/sglang/
-    # dsv4.py); TensorRT-LLM's MSA modules have theirs, at 1.3.0rc23 only: backends/trtllm/msa.py; TensorRT-LLM's gdn
-    # and mamba2 theirs: backends/trtllm/linear_attention.py; vLLM's and SGLang's gdn theirs: backends/{vllm,sglang}/
-    # gdn.py. torch has references of all of them. The grids and dispatch are planned and held to the reference
-    # tables with this entry lifted (tests/conftest.py runner_pending_lifted); an op leaves this entry in the change
-    # that adds its runner.
-    # verified_on: vllm==0.24.0 sglang==0.5.14 trtllm==1.3.0rc23
-    skip("runner-pending", backend=["vllm", "sglang", "trtllm"], op=[*DSV4, *DSA, *MSA, *LINEAR])
-    .unless(backend="vllm", op=["dsa_context_module", "dsa_generation_module"])
-    .unless(backend="sglang", op=DSA)
-    .unless(backend="sglang", op=[*DSV4_MODULE, "dsv4_paged_mqa_logits_module", "dsv4_csa_topk_calib"])
-    .unless(backend="trtllm", op=["dsa_context_module", "dsa_generation_module"])
-    .unless(backend="vllm", op=["msa_context_module", "msa_generation_module"])
-    .unless(backend="trtllm", op=["msa_context_module", "msa_generation_module"])
-    .unless(backend="vllm", op=[*DSV4_MODULE, "dsv4_paged_mqa_logits_module", "dsv4_hca_attn_module"])
-    .unless(backend="trtllm", op=["gdn", "mamba2"])
-    .unless(backend=["vllm", "sglang"], op=["gdn"]),
+    # TensorRT-LLM's DeepSeek-V4 attention modules on Blackwell (collector/trtllm/collect_dsv4_attn.py) have no runner
+    # in opcollect: every case would fail as a block with "no runner". The H200 reference holds no such table, so
+    # no plan of this entry's is held to one; every other framework op of the sparse, compressed and linear
+    # attention families has its runner (backends/<fw>/{dsa,dsa_kernels,dsv4,dsv4_kernels,msa,mhc,gdn,
+    # linear_attention}.py). Tests lift it (tests/conftest.py runner_pending_lifted) to hold the grid and dispatch.
+    # verified_on: trtllm==1.3.0rc23
+    skip("runner-pending", backend="trtllm", op=DSV4_MODULE),
 ]
 
 
