@@ -133,9 +133,9 @@ def test_module_weights_and_footprint():
 
 def test_positions():
     ctx = mla_inputs.kv_layout(kcase(batch=2, isl=3), True, 64)
-    assert mla_module.positions(ctx) == [0, 1, 2, 0, 1, 2]
+    assert ctx.positions() == [0, 1, 2, 0, 1, 2]
     gen = mla_inputs.kv_layout(kcase(batch=3, isl=1, step=40), False, 64)
-    assert mla_module.positions(gen) == [40, 40, 40]  # the new token follows 40 cached ones
+    assert gen.positions() == [40, 40, 40]  # the new token follows 40 cached ones
 
 
 def test_kernel_source_mapping():
@@ -293,7 +293,7 @@ def test_every_planned_case_passes_the_builders(planner, sm):
             mla_module.check_module_case(case)  # every module case is served: no refusal
             mla_module.check_gemm_capability(case.gemm_type, capability)
             layout = mla_inputs.kv_layout(case, context, mla_inputs.page_size(capability))
-            assert len(mla_module.positions(layout)) == layout.num_tokens
+            assert len(layout.positions()) == layout.num_tokens
             assert mla_module.module_footprint(case, context) > mla_module.weight_bytes(case.num_heads, case.gemm_type)
     # fp8 MLA compute, which TensorRT-LLM does not have, is left out by skip trtllm-mla-bf16-compute: no refusal
     assert refused == Counter()

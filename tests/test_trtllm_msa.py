@@ -469,12 +469,13 @@ def test_trtllms_msa_ops_are_planned_and_every_case_passes_the_builders(planner,
 
 def test_the_contract_check_covers_every_symbol_the_runner_imports():
     """`opcollect contract trtllm` and the run's preflight read the runner's imports (backends/symbols.py): every one
-    msa.py makes is among them and resolves in the tree, and none is rc23-only (the preflight checks the whole
-    backend, rc20's image included): the route's own classes are read off the built objects."""
+    msa.py makes, and the module-build helpers it calls in mla_module.py, is among them and resolves in the tree, and
+    none is rc23-only (the preflight checks the whole backend, rc20's image included): the route's own classes are
+    read off the built objects."""
     from opcollect.backends.symbols import Release, check, runner_uses
 
     found = runner_uses(ROOT / "src" / "opcollect" / "backends" / "trtllm", ("tensorrt_llm",), ROOT)
-    uses = [u for u in found if "/msa.py" in u.where]
+    uses = [u for u in found if "/msa.py" in u.where or "/mla_module.py" in u.where]
     labels = {u.label for u in uses if not u.attribute}
     assert labels >= {
         "tensorrt_llm._torch.model_config.ModelConfig",

@@ -8,7 +8,6 @@ SM90). Where the pinned wheel is at hand (.cache/wheels), the config keys vLLM's
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import ROOT, install_fakes
+from fake_frameworks import VllmWorld
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.vllm import context, dsa
@@ -57,48 +57,15 @@ class Backend:
         return self.builder
 
 
-class FakeVllm:
+class FakeVllm(VllmWorld):
     def __init__(self, capability=90):
         self.capability = capability
-        self.current = None
+        super().__init__(use_prefill_query_quantization=False, mla_prefill_backend=None)
         self.events: list = []  # workspace resets and inits, module constructions, in order
         self.manager = None
         self.modules: list = []
         self.builders: list = []  # (backend name, spec, layer names, what the builder read)
         self.calls: list = []
-        self.forward = None
-
-    # --- vllm.config, as test_vllm_config.py's stand-in (VllmConfig() without a model) ---
-    def vllm_config(self, quant_config=None):
-        return SimpleNamespace(
-            quant_config=quant_config,
-            model_config=None,
-            parallel_config=SimpleNamespace(),
-            attention_config=SimpleNamespace(use_prefill_query_quantization=False, mla_prefill_backend=None),
-            scheduler_config=SimpleNamespace(max_num_seqs=128, max_num_batched_tokens=2048),
-            compilation_config=SimpleNamespace(
-                custom_ops=["none"], cudagraph_capture_sizes=[], max_cudagraph_capture_size=0,
-                ir_enable_torch_wrap=True, static_forward_context={},
-            ),
-            kernel_config=SimpleNamespace(ir_op_priority=None),
-            cache_config=SimpleNamespace(cache_dtype="auto", block_size=16),
-        )  # fmt: skip
-
-    @contextlib.contextmanager
-    def set_current(self, config, check_compile=True):
-        previous, self.current = self.current, config
-        try:
-            yield
-        finally:
-            self.current = previous
-
-    @contextlib.contextmanager
-    def set_forward_context(self, attn_metadata, vllm_config, num_tokens=None, slot_mapping=None, **kw):
-        self.forward = SimpleNamespace(attn_metadata=attn_metadata, num_tokens=num_tokens, slot_mapping=slot_mapping)
-        try:
-            yield
-        finally:
-            self.forward = None
 
     # --- the sparse MLA backends (platforms/cuda.py:93-142) and the indexer's (mla/indexer.py) ---
     def backend(self, kv_cache_dtype, num_heads):
@@ -215,19 +182,11 @@ class FakeVllm:
         install_fakes(
             monkeypatch,
             {
-                "vllm.config": {"VllmConfig": self.vllm_config, "set_current_vllm_config": self.set_current},
-                "vllm.config.kernel": {
-                    "IrOpPriorityConfig": SimpleNamespace(
-                        with_default=lambda default, **kw: SimpleNamespace(set_default=lambda: None)
-                    )
-                },
-                "vllm.ir": {"set_default_torch_wrap": lambda wrap: None},
-                "vllm.forward_context": {"set_forward_context": self.set_forward_context},
+                **self.vllm_modules(),
                 "vllm.v1.worker.workspace": {
                     "init_workspace_manager": init_manager,
                     "reset_workspace_manager": reset_manager,
                 },
-                "vllm.v1.attention.backend": {"CommonAttentionMetadata": lambda **kw: SimpleNamespace(**kw)},
                 "vllm.model_executor.models.deepseek_v2": {"DeepseekV2MLAAttention": DeepseekV2MLAAttention},
                 "vllm.model_executor.layers.attention": {"MLAAttention": MLAAttention},
                 "vllm.model_executor.layers.attention.mla_attention": {

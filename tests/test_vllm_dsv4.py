@@ -9,8 +9,6 @@ what vLLM chose. Where the pinned wheel is at hand (.cache/wheels), the runner's
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import functools
 import json
 import os
@@ -20,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, install_fakes
+from fake_frameworks import CUDAGraphMode, VllmWorld
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.vllm import context, dsv4, msa
@@ -44,12 +43,6 @@ def case(model=FLASH, heads=64, batch=2, isl=100, step=128, tp=1, ratio=4):
 
 def kernel_case(mla="bfloat16", batch=2, isl=16, step=300, ratio=128):
     return Dsv4KernelCase(FLASH, ARCH, mla, "fp8", "fp8_block", 64, 64, batch, isl, 1, step, ratio)
-
-
-class CUDAGraphMode(enum.Enum):  # config/compilation.py
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
 
 
 def round_up(n, to):
@@ -107,11 +100,10 @@ class Layer:  # DeepseekV4SWACache, DeepseekV4IndexerCache, CompressorStateCache
         return self.backend
 
 
-class FakeVllm:
+class FakeVllm(VllmWorld):
     def __init__(self, capability=90):
         self.capability = capability
-        self.current = None
-        self.forward = None
+        super().__init__(backend=None, use_fp4_indexer_cache=False)
         self.imported: list = []
         self.modules: list = []
         self.builders: list = []
@@ -119,39 +111,6 @@ class FakeVllm:
         self.attends: list = []
         self.logits: list = []
         self.captures: list = []
-
-    def vllm_config(self, quant_config=None):  # VllmConfig() without a model
-        return SimpleNamespace(
-            quant_config=quant_config,
-            model_config=None,
-            parallel_config=SimpleNamespace(),
-            attention_config=SimpleNamespace(backend=None, use_fp4_indexer_cache=False),
-            scheduler_config=SimpleNamespace(max_num_seqs=128, max_num_batched_tokens=2048),
-            compilation_config=SimpleNamespace(
-                custom_ops=["none"], cudagraph_capture_sizes=[], max_cudagraph_capture_size=0,
-                ir_enable_torch_wrap=True, static_forward_context={},
-            ),
-            kernel_config=SimpleNamespace(ir_op_priority=None),
-            cache_config=SimpleNamespace(cache_dtype="auto", block_size=16),
-        )  # fmt: skip
-
-    @contextlib.contextmanager
-    def set_current(self, config, check_compile=True):
-        previous, self.current = self.current, config
-        try:
-            yield
-        finally:
-            self.current = previous
-
-    @contextlib.contextmanager
-    def set_forward_context(self, attn_metadata, vllm_config, num_tokens=None, cudagraph_runtime_mode=None,
-                            slot_mapping=None, **kw):  # fmt: skip
-        self.forward = SimpleNamespace(attn_metadata=attn_metadata, num_tokens=num_tokens, slot_mapping=slot_mapping,
-                                       mode=cudagraph_runtime_mode, config=self.current)  # fmt: skip
-        try:
-            yield
-        finally:
-            self.forward = None
 
     def install(self, monkeypatch) -> None:
         fake = self
@@ -274,23 +233,11 @@ class FakeVllm:
         install_fakes(
             monkeypatch,
             {
-                "vllm.config": {
-                    "VllmConfig": self.vllm_config,
-                    "set_current_vllm_config": self.set_current,
-                    "CUDAGraphMode": CUDAGraphMode,
-                },
-                "vllm.config.kernel": {
-                    "IrOpPriorityConfig": SimpleNamespace(
-                        with_default=lambda default, **kw: SimpleNamespace(set_default=lambda: None)
-                    )
-                },
-                "vllm.ir": {"set_default_torch_wrap": lambda wrap: None},
-                "vllm.forward_context": {"set_forward_context": self.set_forward_context},
+                **self.vllm_modules(),
                 "vllm.v1.worker.workspace": {
                     "init_workspace_manager": lambda device: None,
                     "reset_workspace_manager": lambda: None,
                 },
-                "vllm.v1.attention.backend": {"CommonAttentionMetadata": lambda **kw: SimpleNamespace(**kw)},
                 "vllm.models.deepseek_v4.nvidia.model": {"__getattr__": model_getattr},
                 "vllm.models.deepseek_v4.quant_config": {
                     "DeepseekV4FP8Config": SimpleNamespace(from_config=lambda cfg: SimpleNamespace(source=cfg))
@@ -489,7 +436,12 @@ def test_the_contract_check_covers_every_vllm_symbol_the_runner_imports():
     from opcollect.backends.symbols import Release, check, runner_uses
 
     backends = ROOT / "src" / "opcollect" / "backends"
-    uses = [u for u in runner_uses(backends / "vllm", ("vllm",), ROOT) if "/vllm/dsv4" in u.where]
+    # with dsa.common_metadata's CommonAttentionMetadata, which the runner calls
+    uses = [
+        u
+        for u in runner_uses(backends / "vllm", ("vllm",), ROOT)
+        if "/vllm/dsv4" in u.where or ("/vllm/dsa.py" in u.where and u.label.endswith("CommonAttentionMetadata"))
+    ]
     assert {
         "vllm.models.deepseek_v4.nvidia.model._select_dsv4_attn_cls",
         "vllm.models.deepseek_v4.quant_config.DeepseekV4FP8Config",

@@ -10,8 +10,6 @@ the behaviours the runner relies on are read from it."""
 from __future__ import annotations
 
 import ast
-import contextlib
-import enum
 import functools
 import json
 import os
@@ -21,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, install_fakes
+from fake_frameworks import CUDAGraphMode, VllmWorld
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.vllm import context, msa
@@ -43,12 +42,6 @@ def case(heads=64, batch=2, isl=100, step=128, kv="bfloat16", gemm="bfloat16"):
     return MlaModuleCase("MiniMaxAI/MiniMax-M3", M3, "bfloat16", kv, gemm, heads, batch, isl, 1, step)
 
 
-class CUDAGraphMode(enum.Enum):  # config/compilation.py: the runtime modes set_forward_context carries
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
-
-
 class Backend:
     """A backend's static methods the runner calls (common/sparse_attention.py:91-98, common/indexer.py:92-99)."""
 
@@ -62,50 +55,16 @@ class Backend:
         return self.builder
 
 
-class FakeVllm:
+class FakeVllm(VllmWorld):
     def __init__(self, capability=90, breakable=True):
         self.capability, self.breakable = capability, breakable
-        self.current = None
+        super().__init__(indexer_kv_dtype="bf16")
         self.imported: list = []  # BREAKABLE's value whenever the runner imported the module
         self.modules: list = []
         self.builders: list = []  # (kind, spec, layer names, what the builder read)
         self.calls: list = []  # each module forward
         self.attends: list = []  # each run of the indexer + attend: the caches it read
         self.captures: list = []
-        self.forward = None
-
-    def vllm_config(self, quant_config=None):  # VllmConfig() without a model
-        return SimpleNamespace(
-            quant_config=quant_config,
-            model_config=None,
-            parallel_config=SimpleNamespace(),
-            attention_config=SimpleNamespace(indexer_kv_dtype="bf16"),
-            scheduler_config=SimpleNamespace(max_num_seqs=128, max_num_batched_tokens=2048),
-            compilation_config=SimpleNamespace(
-                custom_ops=["none"], cudagraph_capture_sizes=[], max_cudagraph_capture_size=0,
-                ir_enable_torch_wrap=True, static_forward_context={},
-            ),
-            kernel_config=SimpleNamespace(ir_op_priority=None),
-            cache_config=SimpleNamespace(cache_dtype="auto", block_size=16),
-        )  # fmt: skip
-
-    @contextlib.contextmanager
-    def set_current(self, config, check_compile=True):
-        previous, self.current = self.current, config
-        try:
-            yield
-        finally:
-            self.current = previous
-
-    @contextlib.contextmanager
-    def set_forward_context(self, attn_metadata, vllm_config, num_tokens=None, cudagraph_runtime_mode=None,
-                            slot_mapping=None, **kw):  # fmt: skip
-        self.forward = SimpleNamespace(attn_metadata=attn_metadata, num_tokens=num_tokens, slot_mapping=slot_mapping,
-                                       mode=cudagraph_runtime_mode, config=self.current)  # fmt: skip
-        try:
-            yield
-        finally:
-            self.forward = None
 
     def builder(self, kind):
         fake = self
@@ -243,19 +202,7 @@ class FakeVllm:
         install_fakes(
             monkeypatch,
             {
-                "vllm.config": {
-                    "VllmConfig": self.vllm_config,
-                    "set_current_vllm_config": self.set_current,
-                    "CUDAGraphMode": CUDAGraphMode,
-                },  # fmt: skip
-                "vllm.config.kernel": {
-                    "IrOpPriorityConfig": SimpleNamespace(
-                        with_default=lambda default, **kw: SimpleNamespace(set_default=lambda: None)
-                    )
-                },
-                "vllm.ir": {"set_default_torch_wrap": lambda wrap: None},
-                "vllm.forward_context": {"set_forward_context": self.set_forward_context},
-                "vllm.v1.attention.backend": {"CommonAttentionMetadata": lambda **kw: SimpleNamespace(**kw)},
+                **self.vllm_modules(),
                 "vllm.models.minimax_m3.nvidia.model": {"__getattr__": model_getattr},
                 "vllm.transformers_utils.configs.minimax_m3": {"MiniMaxM3TextConfig": MiniMaxM3TextConfig},
                 "vllm.compilation.breakable_cudagraph": {"BreakableCUDAGraphCapture": Capture},
@@ -480,7 +427,12 @@ def test_the_contract_check_covers_every_vllm_symbol_the_runner_imports():
     from opcollect.backends.symbols import Release, check, runner_uses
 
     backends = ROOT / "src" / "opcollect" / "backends"
-    uses = [u for u in runner_uses(backends / "vllm", ("vllm",), ROOT) if "/vllm/msa" in u.where]
+    # with dsa.common_metadata's CommonAttentionMetadata, which the runner calls
+    uses = [
+        u
+        for u in runner_uses(backends / "vllm", ("vllm",), ROOT)
+        if "/vllm/msa" in u.where or ("/vllm/dsa.py" in u.where and u.label.endswith("CommonAttentionMetadata"))
+    ]
     assert {u.label for u in uses} == {
         "vllm.config.CUDAGraphMode",
         "vllm.config.set_current_vllm_config",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from opcollect.backends.mla_configs import checkpoint_keys
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.dtypes import ceil_div
 
@@ -34,51 +35,8 @@ DENSE_KV_LEN = 2048  # SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD, which ser
 MAX_KV_CHUNK = 128 * 1024  # SGLANG_MAX_KV_CHUNK_CAPACITY (environ.py:566)
 SPLIT_LOGITS = 8_000_000  # Indexer._MQA_LOGITS_STATIC_SKIP_ELEMS: larger logits are split within a budget
 
-V32 = {
-    "architectures": ["DeepseekV32ForCausalLM"],
-    "model_type": "deepseek_v32",
-    "hidden_size": 7168,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 163840,
-    "rope_parameters": {
-        "rope_type": "yarn",
-        "rope_theta": 10000,
-        "factor": 40,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 4096,
-    },
-    "index_topk": 2048,
-    "index_n_heads": 64,
-    "index_head_dim": 128,
-    "num_hidden_layers": 61,
-}
-GLM5 = {
-    "architectures": ["GlmMoeDsaForCausalLM"],
-    "model_type": "glm_moe_dsa",
-    "hidden_size": 6144,
-    "q_lora_rank": 2048,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 192,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 256,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 202752,
-    "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
-    "rope_interleave": True,
-    "index_topk": 2048,
-    "index_n_heads": 32,
-    "index_head_dim": 128,
-    "indexer_rope_interleave": True,
-    "num_hidden_layers": 78,
-}
+V32 = checkpoint_keys("DeepseekV32ForCausalLM")
+GLM5 = {**checkpoint_keys("GlmMoeDsaForCausalLM"), "rope_interleave": True}
 GLM52 = {
     **GLM5,
     "max_position_embeddings": 1048576,

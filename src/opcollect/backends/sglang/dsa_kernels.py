@@ -162,7 +162,9 @@ def parts(rows: int, step: int):
     return [(s, min(s + step, rows)) for s in range(0, rows, step)]
 
 
-def _rotating(sets: list, run, label: str) -> Prepared:
+def rotating(sets: list, run, label: str) -> Prepared:
+    """A call running ``run(*set)`` on the next of the input sets without autograd (the DSA and DeepSeek-V4 kernel
+    rows' rotation of copies), labelled ``label``."""
     import torch
 
     state = {"i": 0}
@@ -216,7 +218,7 @@ def prepare_mqa(case, dispatch: str, device: str, copies: int) -> Prepared:
         for s, e in spans:
             deep_gemm.fp8_mqa_logits(q[s:e], (k, k_scale), weights[s:e], ks[s:e], ke[s:e], clean_logits=False)
 
-    return _rotating(sets, run, SOURCES["mqa"])
+    return rotating(sets, run, SOURCES["mqa"])
 
 
 # --- the indexer's top-k ---
@@ -332,7 +334,7 @@ def prepare_topk(case, dispatch: str, device: str, copies: int) -> Prepared:
                 row_starts=part.row_starts,
             )
 
-    return _rotating(sets, run, label)
+    return rotating(sets, run, label)
 
 
 class PageTable(NamedTuple):
@@ -382,4 +384,4 @@ def prepare_attn(case, dispatch: str, device: str, copies: int) -> Prepared:
     def run(q, kv) -> None:
         flash_mla_sparse_fwd(q=q, kv=kv, indices=indices, sm_scale=LATENT**-0.5, d_v=KV_LORA)
 
-    return _rotating(sets, run, SOURCES["dsa_attn"])
+    return rotating(sets, run, SOURCES["dsa_attn"])

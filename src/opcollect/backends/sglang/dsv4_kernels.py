@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from opcollect.backends.sglang.dsa_kernels import rotating
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.timing import random_tensor
@@ -163,19 +164,6 @@ def _flags(envs, flags: dict):
     return flags_set(envs, flags)
 
 
-def _rotating(sets: list, run, label: str) -> Prepared:
-    import torch
-
-    state = {"i": 0}
-
-    def call() -> None:
-        i = state["i"] = (state["i"] + 1) % len(sets)
-        with torch.no_grad():
-            run(*sets[i])
-
-    return Prepared(call, label)
-
-
 # --- the paged MQA logits ---
 
 
@@ -233,7 +221,7 @@ def prepare_paged(case, dispatch: str, device: str, copies: int) -> Prepared:
     def run(q, cache, weights) -> None:
         fn(q, cache, weights, lengths, meta.page_table, meta.deep_gemm_metadata, meta.max_c4_seq_len, False)
 
-    return _rotating(sets, run, label)
+    return rotating(sets, run, label)
 
 
 # --- the top-k ---
@@ -282,4 +270,4 @@ def prepare_topk(case, dispatch: str, device: str, copies: int) -> Prepared:
         else:
             dsv4_indexer.topk_transform_512_pytorch_vectorized(scores, lengths, table, out, meta.c4_page_size, raw)
 
-    return _rotating(sets, run, label)
+    return rotating(sets, run, label)

@@ -46,10 +46,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from opcollect.backends.gdn_layer import check_heads, check_packed_decode, conv_dim, conv_weight, cycle
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import random_tensor
 
-PACKED_DECODE_GRID_Y = 65_535  # CUDA's grid-y limit: the packed decode launches (NV, batch x num_v_heads)
 INT32_OFFSETS = 2**31  # the Triton prefill conv's int32 token offsets (causal_conv1d_triton.py:373-379)
 MAMBA_SSM_DTYPE = "float32"  # every Qwen3.5 config's mamba_ssm_dtype, which mamba2_state_dtype reads
 ACTIVATION = "silu"
@@ -58,16 +58,9 @@ CHUNK = "chunk_gated_delta_rule"
 PACKED_DECODE = "fused_recurrent_gated_delta_rule_packed_decode"
 
 
-def conv_dim(case) -> int:
-    return 2 * case.num_k_heads * case.head_k_dim + case.num_v_heads * case.head_v_dim
-
-
 def check_case(case) -> None:
     """KernelLimit, before any framework import, for what SGLang's kernels cannot launch."""
-    if case.d_conv < 2:
-        raise KernelLimit(f"d_conv {case.d_conv}: the causal conv1d keeps a state of d_conv - 1 >= 1 inputs")
-    if case.num_v_heads % case.num_k_heads:
-        raise KernelLimit(f"{case.num_v_heads} value heads are no multiple of {case.num_k_heads} key heads")
+    check_heads(case)
     elements = case.num_tokens * conv_dim(case)
     if case.phase == "context" and elements >= INT32_OFFSETS:
         # the prefill conv's token offsets wrap at 2^31 elements and write out of bounds, poisoning the CUDA context;
@@ -77,12 +70,7 @@ def check_case(case) -> None:
             f"SGLang's prefill causal_conv1d computes int32 token offsets: num_tokens x conv_dim = {elements} >= 2^31 "
             "(srt/layers/attention/mamba/causal_conv1d_triton.py:373-379)"
         )
-    grid_y = case.batch_size * case.num_v_heads
-    if case.stage == "core" and case.phase == "generation" and grid_y > PACKED_DECODE_GRID_Y:
-        raise KernelLimit(
-            f"SGLang's packed recurrent decode launches grid-y batch_size x num_v_heads = {grid_y} > "
-            f"{PACKED_DECODE_GRID_Y} (srt/layers/attention/fla/fused_recurrent.py:373)"
-        )
+    check_packed_decode(case, "SGLang", "srt/layers/attention/fla/fused_recurrent.py:373")
 
 
 def footprint(case) -> int:
@@ -126,27 +114,6 @@ def pools(case, device: str, seed: int, fill: bool):
     return conv, ssm
 
 
-def conv_weight(case, device: str):
-    """The layer's conv weight [conv_dim, d_conv], scaled by d_conv^-0.5 so the decode conv, which overwrites its
-    input, keeps finite values call after call."""
-    import torch
-
-    return random_tensor((conv_dim(case), case.d_conv), torch.bfloat16, device, 1).mul_(case.d_conv**-0.5)
-
-
-def _cycle(sets: list, step):
-    state = {"i": 0}
-
-    def call() -> None:
-        import torch
-
-        i = state["i"] = (state["i"] + 1) % len(sets)
-        with torch.inference_mode():
-            step(*sets[i])
-
-    return call
-
-
 def triton_kernel():
     """The GDN kernel object of SGLang's default linear-attention backend (triton for decode and prefill)."""
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
@@ -181,7 +148,7 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
         def run_update(mixed_qkv, conv) -> None:
             causal_conv1d_update(mixed_qkv, conv, weight, None, ACTIVATION, conv_state_indices=indices)
 
-        return Prepared(_cycle([conv_set(i) for i in range(copies)], run_update), CONV_UPDATE)
+        return Prepared(cycle([conv_set(i) for i in range(copies)], run_update), CONV_UPDATE)
     kernel = triton_kernel()
     nv = case.num_v_heads
     a_log = random_tensor((nv,), torch.float32, device, 2)
@@ -208,7 +175,7 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
             head_v_dim=case.head_v_dim,
         )
 
-    return Prepared(_cycle([step_set(i) for i in range(copies)], run_step), PACKED_DECODE)
+    return Prepared(cycle([step_set(i) for i in range(copies)], run_step), PACKED_DECODE)
 
 
 def _prepare_conv_fn(case, device: str, copies: int, starts, indices) -> Prepared:
@@ -237,7 +204,7 @@ def _prepare_conv_fn(case, device: str, copies: int, starts, indices) -> Prepare
             seq_lens_cpu=seq_lens_cpu,
         )
 
-    return Prepared(_cycle([conv_set(i) for i in range(copies)], run_conv), CONV_FN)
+    return Prepared(cycle([conv_set(i) for i in range(copies)], run_conv), CONV_FN)
 
 
 def _prepare_extend(case, device: str, copies: int, starts, indices) -> Prepared:
@@ -261,4 +228,4 @@ def _prepare_extend(case, device: str, copies: int, starts, indices) -> Prepared
     def run_scan(q, k, v, g, beta, ssm) -> None:
         kernel.extend(q, k, v, g, beta, ssm_states=ssm, cache_indices=indices, query_start_loc=starts)
 
-    return Prepared(_cycle([scan_set(i) for i in range(copies)], run_scan), CHUNK)
+    return Prepared(cycle([scan_set(i) for i in range(copies)], run_scan), CHUNK)

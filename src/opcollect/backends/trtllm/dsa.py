@@ -60,7 +60,15 @@ from types import SimpleNamespace
 from opcollect.backends.trtllm import dsa_inputs as inputs
 from opcollect.backends.trtllm import mla_inputs, torch_ops
 from opcollect.backends.trtllm.context import SERVED_VERSIONS, hold_until_dropped, release_pending
-from opcollect.backends.trtllm.mla_module import EXCLUDED, MAX_NUM_TOKENS, fill_dummy_weights, positions
+from opcollect.backends.trtllm.mla_module import (
+    EXCLUDED,
+    MAX_NUM_TOKENS,
+    aux_streams,
+    create_weights,
+    keep_excluded_unquantized,
+    load_dummy_weights,
+    rotating_forward,
+)
 from opcollect.runtime.contract import Prepared, Runner
 from opcollect.runtime.timing import random_tensor
 
@@ -92,35 +100,14 @@ def build_module(case, config, device: str):
     """self_attn of DeepseekV3DecoderLayer 0, its weights created, drawn and post-processed."""
     import torch
     from tensorrt_llm._torch.models.modeling_deepseekv3 import DeepseekV3DecoderLayer
-    from tensorrt_llm._torch.utils import AuxStreamType
 
-    from opcollect.backends.trtllm.context import quant_config
-
-    attention = torch.cuda.Stream(device=device)
-    streams = {
-        AuxStreamType.Attention: attention,
-        AuxStreamType.MoeShared: attention,
-        AuxStreamType.MoeChunkingOverlap: torch.cuda.Stream(device=device),
-    }
-    quant = config.quant_config
+    streams = aux_streams(device)
     with torch.device(device):
         module = DeepseekV3DecoderLayer(model_config=config, layer_idx=0, aux_stream_dict=streams).self_attn
         if EXCLUDED.get(case.gemm_type):
-            only_kv = quant_config("bfloat16", case.kv_cache_dtype)  # QuantConfig(kv_cache_quant_algo=...) alone
-            for name, sub in module.named_modules():
-                if getattr(sub, "quant_config", None) is not None and quant.is_module_excluded_from_quantization(name):
-                    sub.quant_config = only_kv
-        for sub in module.modules():
-            if callable(getattr(sub, "create_weights", None)):
-                sub.create_weights()
-    module.to(device)
-    with torch.no_grad():
-        fill_dummy_weights(module)
-        for sub in module.modules():
-            if hasattr(sub, "post_load_weights") and not getattr(sub, "_weights_removed", False):
-                sub.post_load_weights()
-    module.eval()
-    module.requires_grad_(False)
+            keep_excluded_unquantized(module, config.quant_config, case.kv_cache_dtype)
+        create_weights(module)
+    load_dummy_weights(module, device)
     return module
 
 
@@ -207,10 +194,7 @@ def attention_metadata(module, config, manager, kv: mla_inputs.KvLayout, copy: i
 def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Prepared:
     keys = inputs.check_case(case)
     torch_ops.check_installed("dsa_context_module" if context else "dsa_generation_module")
-    import weakref
-
     import torch
-    from tensorrt_llm._torch.utils import model_extra_attrs
 
     capability = torch.cuda.get_device_capability(torch.device(device))
     inputs.check_capability(case, capability)
@@ -223,21 +207,14 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     manager = kv_cache(config, kv, case.kv_cache_dtype, longest)
     try:
         metadata = [attention_metadata(module, config, manager, kv, i, context, device) for i in range(copies)]
-        position_ids = torch.tensor(positions(kv), dtype=torch.long, device=device)
+        position_ids = torch.tensor(kv.positions(), dtype=torch.long, device=device)
         shape = (kv.num_tokens, keys["hidden_size"])
         hidden = [random_tensor(shape, torch.bfloat16, device, i) for i in range(copies)]
     except BaseException:
         manager.shutdown()
         raise
-    extra = config.extra_attrs  # the MLA registered itself here when built
-    state = {"i": 0}
-
-    def call() -> None:
-        i = state["i"] = (state["i"] + 1) % copies
-        extra["attention_metadata"] = weakref.ref(metadata[i])
-        with model_extra_attrs(extra), torch.inference_mode():
-            module.forward(position_ids, hidden[i], metadata[i])
-
+    # the MLA registered itself in config.extra_attrs when built
+    call = rotating_forward(module, config.extra_attrs, position_ids, hidden, metadata)
     hold_until_dropped(call, manager.shutdown)
     return Prepared(call, source)
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 
+from opcollect.backends.mla_configs import DEEPSEEK_V32, GLM5, legacy_rope
 from opcollect.backends.trtllm import mla_inputs
 from opcollect.backends.trtllm.mla_module import EXCLUDED, WEIGHT_BYTES
 from opcollect.runtime.contract import KernelLimit
 
-# DeepSeek-V3.2 and GLM-5 (config.json, see the module docstring): the attention, rope and DSA fields, and the
-# decoder layer's MLP fields it reads to build layer 0 (a dense layer: first_k_dense_replace 3)
+# DeepSeek-V3.2 and GLM-5 (config.json, see the module docstring): the attention, rope and DSA fields (mla_configs,
+# the rope as rope_theta and rope_scaling), and the decoder layer's MLP fields it reads to build layer 0 (a dense
+# layer: first_k_dense_replace 3)
 _DECODER = {
     "attention_bias": False,
     "first_k_dense_replace": 3,
@@ -44,50 +46,17 @@ _DECODER = {
 MODELS: dict[str, dict] = {
     "DeepseekV32ForCausalLM": {
         **_DECODER,
-        "hidden_size": 7168,
+        **legacy_rope(DEEPSEEK_V32),
         "intermediate_size": 18432,
         "n_group": 8,
         "topk_group": 4,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 163840,
-        "rope_theta": 10000,
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": 40,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 4096,
-        },
-        "index_topk": 2048,
-        "index_n_heads": 64,
-        "index_head_dim": 128,
     },
     "GlmMoeDsaForCausalLM": {
         **_DECODER,
-        "hidden_size": 6144,
+        **legacy_rope(GLM5),
         "intermediate_size": 12288,
         "n_group": 1,
         "topk_group": 1,
-        "q_lora_rank": 2048,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 192,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 256,
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 202752,
-        "rope_theta": 1000000,
-        "rope_scaling": None,
-        "index_topk": 2048,
-        "index_n_heads": 32,
-        "index_head_dim": 128,
-        "indexer_rope_interleave": True,
     },
 }
 SERVED_TYPE = {"model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"]}

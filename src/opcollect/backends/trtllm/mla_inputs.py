@@ -18,34 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from opcollect.backends.mla_configs import checkpoint_keys, legacy_rope
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.dtypes import ceil_div
 
 # deepseek-ai/DeepSeek-V3 config.json (Hugging Face; also aiconfigurator_core/model_configs/
-# deepseek-ai--DeepSeek-V3_config.json): the fields the MLA module and its rope read
-DEEPSEEK_V3 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "hidden_size": 7168,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 163840,
-    "rope_theta": 10000,
-    "rope_scaling": {
-        "type": "yarn",
-        "factor": 40,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 4096,
-    },
-    "attention_bias": False,
-}
+# deepseek-ai--DeepSeek-V3_config.json; mla_configs): the fields the MLA module and its rope read, the rope as
+# rope_theta and rope_scaling
+DEEPSEEK_V3 = {**legacy_rope(checkpoint_keys("DeepseekV3ForCausalLM")), "attention_bias": False}
 HIDDEN = DEEPSEEK_V3["hidden_size"]
 Q_LORA = DEEPSEEK_V3["q_lora_rank"]
 KV_LORA = DEEPSEEK_V3["kv_lora_rank"]
@@ -128,8 +108,9 @@ def lengths(case, context: bool) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class KvLayout:
-    """The latent cache of one case: ``copies`` disjoint sets of ``batch_size`` sequences in one pool."""
+class PagedLayout:
+    """``copies`` disjoint sets of ``batch_size`` sequences in one paged pool, each query_len new tokens after
+    past_len cached ones (the MLA, DSA and MSA module runners' batches)."""
 
     batch_size: int
     copies: int
@@ -143,25 +124,13 @@ class KvLayout:
 
     @property
     def max_seq_len(self) -> int:
-        # one token of headroom past the sequence, as AIC's max_seq (collect_mla_module.py:653-661)
+        # one token of headroom past the sequence, as the reference collectors' max_seq (AIC collect_mla_module.py:
+        # 653-661; the MSA collector's prefix + isl + 1 and cached + 2, collect_msa_module.py:621-636)
         return self.seq_len + 1
-
-    @property
-    def blocks_per_seq(self) -> int:
-        return ceil_div(self.max_seq_len, self.tokens_per_block)
 
     @property
     def num_sequences(self) -> int:
         return self.batch_size * self.copies
-
-    @property
-    def num_blocks(self) -> int:
-        return self.num_sequences * self.blocks_per_seq
-
-    @property
-    def max_tokens(self) -> int:
-        """KvCacheConfig.max_tokens: the pool holds exactly the sequences' pages."""
-        return self.num_blocks * self.tokens_per_block
 
     @property
     def num_tokens(self) -> int:
@@ -179,6 +148,28 @@ class KvLayout:
         # serving's prompt_lens: the chunk's tokens for a prompt, the prompt (the history) for a generation step
         # (AIC collect_mla_module.py:739-754)
         return [self.query_len if context else self.past_len] * self.batch_size
+
+    def positions(self) -> list[int]:
+        """Each new token's rope position, sequence by sequence: a decode token's is its cached count."""
+        return [p for _ in range(self.batch_size) for p in range(self.past_len, self.seq_len)]
+
+
+@dataclass(frozen=True)
+class KvLayout(PagedLayout):
+    """The latent cache of one case: a pool holding exactly the sequences' pages."""
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return ceil_div(self.max_seq_len, self.tokens_per_block)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_sequences * self.blocks_per_seq
+
+    @property
+    def max_tokens(self) -> int:
+        """KvCacheConfig.max_tokens: the pool holds exactly the sequences' pages."""
+        return self.num_blocks * self.tokens_per_block
 
     def cache_bytes(self, kv_cache_dtype: str) -> int:
         return self.max_tokens * LATENT * KV_BYTES[kv_cache_dtype]

@@ -104,11 +104,6 @@ def module_footprint(case, context: bool) -> int:
     )
 
 
-def positions(layout: inputs.KvLayout) -> list[int]:
-    """Rope position of each new token, sequence by sequence."""
-    return [p for _ in range(layout.batch_size) for p in range(layout.past_len, layout.seq_len)]
-
-
 def dummy_range(dtype_name: str) -> tuple[float, float] | None:
     """(low, high) of TensorRT-LLM's dummy weights for a parameter dtype (model_loader.py initialize_dummy_weights):
     floats uniform in +-1e-3, one-byte fp8/int8 codes in +-3, packed fp4 bytes in [0, 64); None leaves it."""
@@ -152,6 +147,73 @@ def fill_dummy_weights(module) -> None:
             tensor.uniform_(*bounds, generator=gen)
 
 
+# --- building a TensorRT-LLM attention module as the reference collectors do (this runner, dsa.py, msa.py) ---------
+def aux_streams(device: str) -> dict:
+    """The aux_stream_dict a decoder layer is built with: one stream for the attention and the shared experts, one
+    for MoE chunking (AIC collect_mla_module.py:552-606; the MSA collector's the same)."""
+    import torch
+    from tensorrt_llm._torch.utils import AuxStreamType
+
+    attention = torch.cuda.Stream(device=device)
+    return {
+        AuxStreamType.Attention: attention,
+        AuxStreamType.MoeShared: attention,
+        AuxStreamType.MoeChunkingOverlap: torch.cuda.Stream(device=device),
+    }
+
+
+def keep_excluded_unquantized(module, quant, kv_cache_dtype: str) -> None:
+    """The modules ``quant`` excludes from quantization get a QuantConfig with only the KV cache algorithm, before
+    their weights are created, as serving's apply_quant_config_exclude_modules does (AIC :558-582)."""
+    from opcollect.backends.trtllm.context import quant_config
+
+    only_kv = quant_config("bfloat16", kv_cache_dtype)  # QuantConfig(kv_cache_quant_algo=...) alone
+    for name, sub in module.named_modules():
+        if getattr(sub, "quant_config", None) is not None and quant.is_module_excluded_from_quantization(name):
+            sub.quant_config = only_kv
+
+
+def create_weights(module) -> None:
+    """create_weights on every submodule that has it (the model is built with skip_create_weights_in_init)."""
+    for sub in module.modules():
+        if callable(getattr(sub, "create_weights", None)):
+            sub.create_weights()
+
+
+def load_dummy_weights(module, device: str) -> None:
+    """The module on the device, its weights drawn as TensorRT-LLM's dummy loader draws them (fill_dummy_weights),
+    post_load_weights run on every module that has it (AIC :584-595), in eval mode without gradients."""
+    import torch
+
+    module.to(device)
+    with torch.no_grad():
+        fill_dummy_weights(module)
+        for sub in module.modules():
+            if hasattr(sub, "post_load_weights") and not getattr(sub, "_weights_removed", False):
+                sub.post_load_weights()
+    module.eval()
+    module.requires_grad_(False)
+
+
+def rotating_forward(module, extra_attrs: dict, position_ids, hidden: list, metadata: list):
+    """A call running module.forward(position_ids, hidden_states, metadata) of the next copy inside model_extra_attrs
+    with that copy's metadata registered, as the executor runs the layer (AIC :905-940)."""
+    import weakref
+
+    import torch
+    from tensorrt_llm._torch.utils import model_extra_attrs
+
+    state = {"i": 0}
+
+    def call() -> None:
+        i = state["i"] = (state["i"] + 1) % len(hidden)
+        extra_attrs["attention_metadata"] = weakref.ref(metadata[i])
+        with model_extra_attrs(extra_attrs), torch.inference_mode():
+            module.forward(position_ids, hidden[i], metadata[i])
+
+    return call
+
+
 def build_module(case, device: str, layout: inputs.KvLayout):
     """DeepseekV3Attention with dummy weights, post-processed, and its ModelConfig."""
     import torch
@@ -176,30 +238,15 @@ def build_module(case, device: str, layout: inputs.KvLayout):
     with torch.device(device):
         module = DeepseekV3Attention(model_config, layer_idx=0, aux_stream=torch.cuda.Stream(device=device))
         if excluded:
-            only_kv = quant_config("bfloat16", case.kv_cache_dtype)  # QuantConfig(kv_cache_quant_algo=...) alone
-            for name, sub in module.named_modules():
-                if getattr(sub, "quant_config", None) is not None and quant.is_module_excluded_from_quantization(name):
-                    sub.quant_config = only_kv
-        for sub in module.modules():
-            if callable(getattr(sub, "create_weights", None)):
-                sub.create_weights()
-    module.to(device)
-    with torch.no_grad():
-        fill_dummy_weights(module)
-        for sub in module.modules():
-            if hasattr(sub, "post_load_weights") and not getattr(sub, "_weights_removed", False):
-                sub.post_load_weights()
-    module.eval()
-    module.requires_grad_(False)
+            keep_excluded_unquantized(module, quant, case.kv_cache_dtype)
+        create_weights(module)
+    load_dummy_weights(module, device)
     return module, model_config
 
 
 def module_prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Prepared:
     check_module_case(case)
-    import weakref
-
     import torch
-    from tensorrt_llm._torch.utils import model_extra_attrs
 
     capability = torch.cuda.get_device_capability(torch.device(device))
     inputs.check_capability(capability)
@@ -213,19 +260,12 @@ def module_prepare(case, dispatch: str, device: str, copies: int, context: bool)
         backend_cls = type(module.mqa)
         flash = bool(model_config.enable_flash_mla)
         metadata = [inputs.attention_metadata(backend_cls, manager, layout, i, context, flash) for i in range(copies)]
-        position_ids = torch.tensor(positions(layout), dtype=torch.long, device=device)
+        position_ids = torch.tensor(layout.positions(), dtype=torch.long, device=device)
         hidden = [random_tensor((layout.num_tokens, inputs.HIDDEN), torch.bfloat16, device, i) for i in range(copies)]
     except BaseException:
         manager.shutdown()
         raise
-    extra = model_config.extra_attrs  # MLA registered itself here (extra_attrs["mla_layers"]) when built
-    state = {"i": 0}
-
-    def call() -> None:
-        i = state["i"] = (state["i"] + 1) % copies
-        extra["attention_metadata"] = weakref.ref(metadata[i])
-        with model_extra_attrs(extra), torch.inference_mode():
-            module.forward(position_ids, hidden[i], metadata[i])
-
+    # MLA registered itself in extra_attrs (extra_attrs["mla_layers"]) when built
+    call = rotating_forward(module, model_config.extra_attrs, position_ids, hidden, metadata)
     hold_until_dropped(call, manager.shutdown)
     return Prepared(call, source)

@@ -58,7 +58,7 @@ from functools import partial
 from opcollect.backends.trtllm import msa_inputs as inputs
 from opcollect.backends.trtllm import torch_ops
 from opcollect.backends.trtllm.context import hold_until_dropped, installed_version, release_pending
-from opcollect.backends.trtllm.mla_module import fill_dummy_weights
+from opcollect.backends.trtllm.mla_module import aux_streams, create_weights, load_dummy_weights, rotating_forward
 from opcollect.runtime.contract import KernelLimit, Prepared, Runner
 from opcollect.runtime.timing import random_tensor
 
@@ -108,29 +108,14 @@ def build_module(config, device: str):
     """self_attn of MiniMaxM3DecoderLayer 0 (a sparse layer), its weights created, drawn and post-processed."""
     import torch
     from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3DecoderLayer
-    from tensorrt_llm._torch.utils import AuxStreamType
 
-    attention = torch.cuda.Stream(device=device)
-    streams = {
-        AuxStreamType.Attention: attention,
-        AuxStreamType.MoeShared: attention,
-        AuxStreamType.MoeChunkingOverlap: torch.cuda.Stream(device=device),
-    }
+    streams = aux_streams(device)
     with torch.device(device):
         module = MiniMaxM3DecoderLayer(model_config=config, layer_idx=0, aux_stream_dict=streams).self_attn
-        for sub in module.modules():
-            if callable(getattr(sub, "create_weights", None)):
-                sub.create_weights()
+        create_weights(module)
     if not getattr(module, "is_sparse_attention_layer", False):
         raise RuntimeError("TensorRT-LLM built a dense MiniMax-M3 attention for the one sparse layer (T:492-494)")
-    module.to(device)
-    with torch.no_grad():
-        fill_dummy_weights(module)
-        for sub in module.modules():
-            if hasattr(sub, "post_load_weights") and not getattr(sub, "_weights_removed", False):
-                sub.post_load_weights()
-    module.eval()
-    module.requires_grad_(False)
+    load_dummy_weights(module, device)
     return module
 
 
@@ -223,10 +208,7 @@ def attention_metadata(module, config, manager, kv: inputs.MsaLayout, copy: int,
 def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Prepared:
     keys = inputs.check_case(case)
     torch_ops.check_installed(OPS[0] if context else OPS[1])
-    import weakref
-
     import torch
-    from tensorrt_llm._torch.utils import model_extra_attrs
 
     capability = torch.cuda.get_device_capability(torch.device(device))
     inputs.check_capability(case, capability)
@@ -245,15 +227,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     except BaseException:
         manager.shutdown()
         raise
-    extra = config.extra_attrs
-    state = {"i": 0}
-
-    def call() -> None:
-        i = state["i"] = (state["i"] + 1) % copies
-        extra["attention_metadata"] = weakref.ref(metadata[i])
-        with model_extra_attrs(extra), torch.inference_mode():
-            module.forward(position_ids, hidden[i], metadata[i])
-
+    call = rotating_forward(module, config.extra_attrs, position_ids, hidden, metadata)
     hold_until_dropped(call, manager.shutdown)
     return Prepared(call, source, graph_safe=inputs.graph_safe(route, context))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opcollect.backends.trtllm.mla_inputs import PagedLayout
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.dtypes import ceil_div
 
@@ -187,53 +188,14 @@ def sparse_fields(keys: dict, route: str) -> dict:
 
 
 @dataclass(frozen=True)
-class MsaLayout:
+class MsaLayout(PagedLayout):
     """The cache of one case: ``copies`` disjoint sets of ``batch_size`` sequences in one pool."""
-
-    batch_size: int
-    copies: int
-    query_len: int  # new tokens per sequence
-    past_len: int  # cached tokens before them
-    tokens_per_block: int
-
-    @property
-    def seq_len(self) -> int:
-        return self.past_len + self.query_len
-
-    @property
-    def max_seq_len(self) -> int:
-        # one token of headroom: T's prefix + isl + 1 (context) and cached + 2 (decode), T:621-636
-        return self.seq_len + 1
-
-    @property
-    def num_sequences(self) -> int:
-        return self.batch_size * self.copies
 
     @property
     def max_tokens(self) -> int:
         """KvCacheConfig.max_tokens (T:638-660), for every copy's sequences."""
         page = self.tokens_per_block
         return 2 * self.num_sequences * (ceil_div(self.max_seq_len, page) * page + 2 * page)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens one call feeds (per copy)."""
-        return self.batch_size * self.query_len
-
-    def request_ids(self, copy: int) -> list[int]:
-        return list(range(copy * self.batch_size, (copy + 1) * self.batch_size))
-
-    def token_nums(self) -> list[int]:
-        """add_dummy_requests' token_nums: cached + new tokens (T:662-668)."""
-        return [self.seq_len] * self.num_sequences
-
-    def prompt_lens(self, context: bool) -> list[int]:
-        # the chunk's tokens for a prompt, the history for a decode step (T:734-738)
-        return [self.query_len if context else self.past_len] * self.batch_size
-
-    def positions(self) -> list[int]:
-        """Each new token's rope position, sequence by sequence: a decode token's is its cached count (T:855-867)."""
-        return [p for _ in range(self.batch_size) for p in range(self.past_len, self.seq_len)]
 
 
 def layout(case, context: bool, tokens_per_block: int, copies: int = 1) -> MsaLayout:

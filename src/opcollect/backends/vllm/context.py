@@ -97,6 +97,26 @@ def serving_capture_sizes(
     return tuple(sorted(sizes))
 
 
+def serving_batched_tokens(batch_size: int, num_tokens: int) -> int:
+    """max_num_batched_tokens as serve_batch sets it: serving's, raised to the batch's tokens."""
+    return max(num_tokens, batch_size, SERVING_MAX_NUM_BATCHED_TOKENS)
+
+
+# how serving's model runner runs a batch when the model turns breakable CUDA graphs on (config/vllm.py:1077-1097:
+# DeepSeek-V4, MiniMax-M3); its dispatcher (v1/cudagraph_dispatcher.py:272-324): FULL, one graph of the whole
+# forward, for a uniform decode batch; PIECEWISE, vLLM's breakable graph, for any other batch; both up to the largest
+# capture size; EAGER (CUDAGraphMode.NONE) above it
+FULL, PIECEWISE, EAGER = "FULL", "PIECEWISE", "NONE"
+
+
+def breakable_graph_mode(batch_size: int, query_len: int) -> str:
+    """The CUDAGraphMode name serving runs a batch of ``batch_size`` requests of ``query_len`` new tokens each with,
+    breakable CUDA graphs on and serving's capture sizes (serving_capture_sizes)."""
+    if batch_size * query_len > serving_capture_sizes()[-1]:
+        return EAGER
+    return FULL if query_len == 1 else PIECEWISE
+
+
 def serve_batch(config, batch_size: int, num_tokens: int) -> None:
     """Give ``config`` a served engine's sizes for a batch of ``batch_size`` sequences and ``num_tokens`` tokens,
     and the kernels an engine runs without compiling. Call it before building the layer and its metadata builder.
@@ -124,7 +144,7 @@ def serve_batch(config, batch_size: int, num_tokens: int) -> None:
     from vllm.ir import set_default_torch_wrap
 
     scheduler = config.scheduler_config
-    scheduler.max_num_batched_tokens = max(num_tokens, batch_size, SERVING_MAX_NUM_BATCHED_TOKENS)
+    scheduler.max_num_batched_tokens = serving_batched_tokens(batch_size, num_tokens)
     scheduler.max_num_seqs = max(batch_size, SERVING_MAX_NUM_SEQS)
     compilation = config.compilation_config
     sizes = serving_capture_sizes()

@@ -77,10 +77,10 @@ def check_case(case) -> dict:
 
 def serving_tokens(case, context: bool) -> int:
     """max_num_batched_tokens as context.serve_batch sets it for this batch."""
-    from opcollect.backends.vllm.context import SERVING_MAX_NUM_BATCHED_TOKENS
+    from opcollect.backends.vllm.context import serving_batched_tokens
 
     query_len, _ = inputs.lengths(case, context)
-    return max(case.batch_size * query_len, case.batch_size, SERVING_MAX_NUM_BATCHED_TOKENS)
+    return serving_batched_tokens(case.batch_size, case.batch_size * query_len)
 
 
 def footprint(case, context: bool) -> int:
@@ -91,13 +91,7 @@ def hf_config(keys: dict, num_heads: int):
     """The HF config the module, its indexer and the sparse builders read, with the rank's heads."""
     from types import SimpleNamespace
 
-    architecture = {"deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
-    return SimpleNamespace(
-        architectures=[architecture[keys["model_type"]]],
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        **keys,
-    )
+    return SimpleNamespace(num_attention_heads=num_heads, num_key_value_heads=num_heads, **keys)
 
 
 def stand_in(config, hf, num_heads: int, max_model_len: int) -> None:
@@ -114,26 +108,30 @@ def stand_in(config, hf, num_heads: int, max_model_len: int) -> None:
     model.use_mla = True
 
 
-def common_metadata(layout, device: str):
-    """CommonAttentionMetadata of the batch (v1/attention/backend.py:394-456), shared by both layers' builders as
-    one KV cache group's is."""
+def common_metadata(layout, device: str, max_seq_len: int | None = None, positions=None):
+    """(CommonAttentionMetadata of the batch, each new token's position int64 on the device) (v1/attention/backend.py:
+    394-456), shared by the layers' builders as one KV cache group's is. max_seq_len: the batch's own unless given
+    (MiniMax-M3's: serving's for the way it runs the batch, msa.py); positions: set in the metadata where a builder
+    reads them (DeepSeek-V4's C128A builder, sparse_mla.py:270-280, dsv4.py), else the batch's, not set."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     t = inputs.batch_tensors(layout)
-    return CommonAttentionMetadata(
+    common = CommonAttentionMetadata(
         query_start_loc=t.query_start_loc.to(device),
         query_start_loc_cpu=t.query_start_loc,
         seq_lens=t.seq_lens.to(device),
         num_reqs=layout.batch_size,
         num_actual_tokens=layout.num_tokens,
         max_query_len=layout.query_len,
-        max_seq_len=layout.seq_len,
+        max_seq_len=layout.seq_len if max_seq_len is None else max_seq_len,
         block_table_tensor=t.page_table.to(device),
         slot_mapping=t.slot_mapping.to(device),
         causal=True,
         seq_lens_cpu_upper_bound=t.seq_lens,
-    ), t.positions.to(device=device, dtype=torch.int64)
+        **({} if positions is None else {"positions": positions}),
+    )
+    return common, t.positions.to(device=device, dtype=torch.int64) if positions is None else positions
 
 
 def build_module(case, keys: dict, config, quant, device: str, max_model_len: int):

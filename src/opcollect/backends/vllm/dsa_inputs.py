@@ -23,57 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from opcollect.backends.mla_configs import DSA, checkpoint_keys
 from opcollect.backends.vllm.gemm import NVFP4_GROUP
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.dtypes import ceil_div
 
-# DeepSeek-V3.2 and GLM-5 (config.json, see the module docstring); num_hidden_layers only decides that layer 0 is no
-# MTP layer (deepseek_v2.py:1019-1027)
-MODELS: dict[str, dict] = {
-    "DeepseekV32ForCausalLM": {
-        "model_type": "deepseek_v32",
-        "num_hidden_layers": 61,
-        "hidden_size": 7168,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 163840,
-        "rope_parameters": {
-            "rope_type": "yarn",  # the module turns it into deepseek_yarn (deepseek_v2.py:976-981)
-            "rope_theta": 10000,
-            "factor": 40,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 4096,
-        },
-        "index_topk": 2048,
-        "index_n_heads": 64,
-        "index_head_dim": 128,
-        # no indexer_rope_interleave: the indexer's rope is NeoX style (deepseek_v2.py:1030-1035)
-    },
-    "GlmMoeDsaForCausalLM": {
-        "model_type": "glm_moe_dsa",
-        "num_hidden_layers": 78,
-        "hidden_size": 6144,
-        "q_lora_rank": 2048,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 192,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 256,
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 202752,
-        "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
-        "index_topk": 2048,
-        "index_n_heads": 32,
-        "index_head_dim": 128,
-        "indexer_rope_interleave": True,
-    },
-}
+# DeepSeek-V3.2 and GLM-5 (config.json, see the module docstring; mla_configs): the indexer's rope is NeoX style
+# without indexer_rope_interleave (deepseek_v2.py:1030-1035); num_hidden_layers only decides that layer 0 is no MTP
+# layer (deepseek_v2.py:1019-1027)
+MODELS: dict[str, dict] = {arch: checkpoint_keys(arch) for arch in DSA}
 BLOCK_SIZE = 64
 TABLE_ALIGN = 2  # 128 // BLOCK_SIZE: block_table.py:260-264
 NULL_BLOCK = 0

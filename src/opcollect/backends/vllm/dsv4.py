@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from opcollect.backends.vllm import dsv4_inputs as inputs
 from opcollect.backends.vllm import mla, msa
+from opcollect.backends.vllm.dsa import common_metadata
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import random_tensor
 
@@ -164,28 +165,6 @@ def cache_layers(module, config) -> list:
     return [registered[layer.prefix] for layer in found]
 
 
-def common_metadata(layout, positions, device: str):
-    """CommonAttentionMetadata of the batch at one cache layer's page size (v1/attention/backend.py:394-456), with the
-    positions the C128A builder reads (sparse_mla.py:270-280)."""
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    t = inputs.dsa_inputs.batch_tensors(layout)
-    return CommonAttentionMetadata(
-        query_start_loc=t.query_start_loc.to(device),
-        query_start_loc_cpu=t.query_start_loc,
-        seq_lens=t.seq_lens.to(device),
-        num_reqs=layout.batch_size,
-        num_actual_tokens=layout.num_tokens,
-        max_query_len=layout.query_len,
-        max_seq_len=layout.seq_len,
-        block_table_tensor=t.page_table.to(device),
-        slot_mapping=t.slot_mapping.to(device),
-        causal=True,
-        positions=positions,
-        seq_lens_cpu_upper_bound=t.seq_lens,
-    )
-
-
 def allocate(backend, spec, num_blocks: int, device: str, generator):
     """A cache in its backend's shape at the spec's stored page size, pages strided by the spec's padded page size
     (collector :378-395), every byte filled (dsv4_inputs.fill_pages)."""
@@ -221,7 +200,7 @@ def bind(module, config, b, device: str, copies: int):
             continue
         backend = layer.get_attn_backend()
         layout = inputs.layout(b, spec.block_size)
-        common = common_metadata(layout, positions, device)
+        common, _ = common_metadata(layout, device, positions=positions)
         metadata[layer.prefix] = backend.get_builder_cls()(spec, [layer.prefix], config, torch.device(device)).build(
             common_prefix_len=0, common_attn_metadata=common
         )
@@ -286,8 +265,6 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
 
     config, module, b, (metadata, slots, caches, positions) = setup(case, keys, context, device, copies)
     hidden = [random_tensor((b.num_tokens, keys["hidden_size"]), torch.bfloat16, device, i) for i in range(copies)]
-    label = module.get_attn_backend().get_name()
-    state = {"i": 0}
 
     def run(i: int, step) -> None:
         for layer, cache in caches[i]:
@@ -298,23 +275,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     def forward(i: int) -> None:
         module(positions, hidden[i], None)
 
-    if mode != inputs.PIECEWISE:
-
-        def call() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            run(state["i"], forward)
-
-        return Prepared(call, label, graph_safe=mode == inputs.FULL)
-    run(0, forward)  # compiles and tunes the kernels before any capture, as serving's warm-up runs do
-    captures = []
-    for i in range(copies):
-        run(i, lambda i: captures.append(msa.breakable_capture(lambda: forward(i), device)))
-
-    def replay() -> None:
-        state["i"] = (state["i"] + 1) % copies
-        run(state["i"], lambda i: captures[i].replay())
-
-    return Prepared(replay, label, graph_safe=False)
+    return msa.served(run, forward, copies, module.get_attn_backend().get_name(), mode, device)
 
 
 def prepare_hca(case, dispatch: str, device: str, copies: int) -> Prepared:

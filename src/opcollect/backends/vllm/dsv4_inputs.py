@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from opcollect.backends.vllm import dsa_inputs
-from opcollect.backends.vllm.context import SERVING_MAX_NUM_BATCHED_TOKENS, serving_capture_sizes
+from opcollect.backends.vllm import context, dsa_inputs
+from opcollect.backends.vllm.context import breakable_graph_mode, serving_batched_tokens
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.dtypes import ceil_div
 
@@ -97,11 +97,9 @@ FP8_LOW, FP8_HIGH = dsa_inputs.FP8_LOW, dsa_inputs.FP8_HIGH
 PREFILL_CHUNK = 4  # DeepseekV4Attention.PREFILL_CHUNK_SIZE (attention.py:120): the bf16 gather workspace's chunks
 MAX_LOGITS_BYTES = dsa_inputs.MAX_LOGITS_BYTES
 MIN_MODEL_LEN = 4096  # the reference's max_model_len floor (collector :213)
-# how serving runs a batch (v1/cudagraph_dispatcher.py:272-324), as for MiniMax-M3 (msa_inputs): FULL, one graph of
-# the whole forward, for a uniform decode batch (every builder supports UNIFORM_BATCH or ALWAYS: sparse_mla.py:139,
-# sparse_swa.py:294, compressor.py:87); PIECEWISE, vLLM's breakable graph, for any other batch; both up to the
-# largest capture size; EAGER above it
-FULL, PIECEWISE, EAGER = "FULL", "PIECEWISE", "NONE"
+# how serving runs a batch (graph_mode, context.breakable_graph_mode); every builder supports a FULL graph of a uniform
+# decode batch, UNIFORM_BATCH or ALWAYS (sparse_mla.py:139, sparse_swa.py:294, compressor.py:87)
+FULL, PIECEWISE, EAGER = context.FULL, context.PIECEWISE, context.EAGER
 
 
 def model_keys(model: str) -> dict:
@@ -126,7 +124,7 @@ def max_model_len(case, context: bool) -> int:
 def serving_tokens(case, context: bool) -> int:
     """max_num_batched_tokens as context.serve_batch sets it for this batch."""
     query_len, _ = lengths(case, context)
-    return max(case.batch_size * query_len, case.batch_size, SERVING_MAX_NUM_BATCHED_TOKENS)
+    return serving_batched_tokens(case.batch_size, case.batch_size * query_len)
 
 
 def graph_mode(case, context: bool) -> str:
@@ -135,9 +133,7 @@ def graph_mode(case, context: bool) -> str:
     from a FULL graph of the whole forward, any other from a PIECEWISE one, whose capture breaks at attention_impl
     and runs it eagerly (attention.py:428; compilation/breakable_cudagraph.py:93-115)."""
     query_len, _ = lengths(case, context)
-    if case.batch_size * query_len > serving_capture_sizes()[-1]:
-        return EAGER
-    return FULL if query_len == 1 else PIECEWISE
+    return breakable_graph_mode(case.batch_size, query_len)
 
 
 class Batch(NamedTuple):

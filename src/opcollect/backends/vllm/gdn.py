@@ -53,10 +53,10 @@ Deliberate differences from serving and the reference collector (collect_gdn.py)
 
 from __future__ import annotations
 
-from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.backends.gdn_layer import check_heads, check_packed_decode, conv_dim, conv_weight, cycle
+from opcollect.runtime.contract import Prepared
 from opcollect.runtime.timing import random_tensor
 
-PACKED_DECODE_GRID_Y = 65_535  # CUDA's grid-y limit: the packed decode launches (NV, batch x num_v_heads)
 MAMBA_SSM_DTYPE = "float32"  # every Qwen3.5 config's mamba_ssm_dtype (models/config.py:605-628 adopts it)
 MAMBA_CACHE_DTYPE = "auto"  # --mamba-cache-dtype's default: the conv state in the model's dtype
 MAX_MODEL_LEN = 262_144  # Qwen3.5's max_position_embeddings: the mamba block size without prefix caching
@@ -68,24 +68,13 @@ CHUNK_LABEL = "chunk_gated_delta_rule_{backend}"
 
 def dims(case) -> tuple[int, int, int]:
     """(key_dim, value_dim, conv_dim) on the rank."""
-    key, value = case.num_k_heads * case.head_k_dim, case.num_v_heads * case.head_v_dim
-    return key, value, 2 * key + value
+    return case.num_k_heads * case.head_k_dim, case.num_v_heads * case.head_v_dim, conv_dim(case)
 
 
 def check_case(case) -> None:
     """KernelLimit, before any framework import, for what vLLM's kernels cannot launch."""
-    if case.d_conv < 2:
-        raise KernelLimit(f"d_conv {case.d_conv}: the causal conv1d keeps a state of d_conv - 1 >= 1 inputs")
-    if case.num_v_heads % case.num_k_heads:
-        raise KernelLimit(f"{case.num_v_heads} value heads are no multiple of {case.num_k_heads} key heads")
-    grid_y = case.batch_size * case.num_v_heads
-    if case.stage == "core" and case.phase == "generation" and grid_y > PACKED_DECODE_GRID_Y:
-        # fla/ops/fused_recurrent.py:448-449 launches grid (NV, B * HV); the reference refuses it too
-        # (collect_gdn.py:444-456)
-        raise KernelLimit(
-            f"vLLM's packed recurrent decode launches grid-y batch_size x num_v_heads = {grid_y} > "
-            f"{PACKED_DECODE_GRID_Y} (fla/ops/fused_recurrent.py:449)"
-        )
+    check_heads(case)
+    check_packed_decode(case, "vLLM", "fla/ops/fused_recurrent.py:449")  # launches grid (NV, B * HV), :448-449
 
 
 def page_bytes(case) -> int:
@@ -168,15 +157,6 @@ def projected(case, device: str, seed: int):
     return qkvz, qkvz[:, :conv]
 
 
-def conv_weight(case, device: str):
-    """The conv1d weight [conv_dim, d_conv] as the layer views it (qwen_gdn_linear_attn.py:1325-1327), scaled by
-    d_conv^-0.5 so the decode conv, which overwrites its input, keeps finite values call after call."""
-    import torch
-
-    _, _, conv = dims(case)
-    return random_tensor((conv, case.d_conv), torch.bfloat16, device, 1).mul_(case.d_conv**-0.5)
-
-
 def prompt_lists(case):
     """query_start_loc of batch_size prompts of seq_len tokens, on the host (int32)."""
     import torch
@@ -228,19 +208,6 @@ def chunk_op(case, device: str):
         return ChunkGatedDeltaRule()
 
 
-def _cycle(sets: list, step) -> Prepared:
-    state = {"i": 0}
-
-    def call() -> None:
-        import torch
-
-        i = state["i"] = (state["i"] + 1) % len(sets)
-        with torch.inference_mode():  # as serving's worker runs the model
-            step(*sets[i])
-
-    return call
-
-
 def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     check_case(case)
     if case.phase == "context":
@@ -282,7 +249,7 @@ def _prepare_context(case, device: str, copies: int) -> Prepared:
                 metadata=metadata,
             )
 
-        return Prepared(_cycle([conv_set(i) for i in range(copies)], run_conv), CONV_FN)
+        return Prepared(cycle([conv_set(i) for i in range(copies)], run_conv), CONV_FN)
     from vllm.model_executor.layers.fla.ops.index import prepare_chunk_indices, prepare_chunk_offsets
     from vllm.model_executor.layers.fla.ops.utils import FLA_CHUNK_SIZE
 
@@ -314,7 +281,7 @@ def _prepare_context(case, device: str, copies: int) -> Prepared:
         )
 
     label = CHUNK_LABEL.format(backend=chunk.gdn_prefill_backend)
-    return Prepared(_cycle([scan_set(i) for i in range(copies)], run_scan), label)
+    return Prepared(cycle([scan_set(i) for i in range(copies)], run_scan), label)
 
 
 def _prepare_generation(case, device: str, copies: int) -> Prepared:
@@ -343,7 +310,7 @@ def _prepare_generation(case, device: str, copies: int) -> Prepared:
                 validate_data=False,
             )
 
-        return Prepared(_cycle([conv_set(i) for i in range(copies)], run_update), CONV_UPDATE)
+        return Prepared(cycle([conv_set(i) for i in range(copies)], run_update), CONV_UPDATE)
     from vllm.model_executor.layers.fla.ops import fused_recurrent_gated_delta_rule_packed_decode
 
     a_log = random_tensor((nv,), torch.float32, device, 2)
@@ -371,4 +338,4 @@ def _prepare_generation(case, device: str, copies: int) -> Prepared:
             use_qk_l2norm_in_kernel=True,
         )
 
-    return Prepared(_cycle([step_set(i) for i in range(copies)], run_step), PACKED_DECODE)
+    return Prepared(cycle([step_set(i) for i in range(copies)], run_step), PACKED_DECODE)

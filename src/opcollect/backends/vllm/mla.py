@@ -22,33 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from opcollect.backends import mla_configs
 from opcollect.backends.vllm.gemm import CONSTANTS, NVFP4_GROUP
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.dtypes import ceil_div
 from opcollect.runtime.timing import random_tensor
 
-# deepseek-ai/DeepSeek-V3 config.json (Hugging Face; also aiconfigurator_core/model_configs/
-# deepseek-ai--DeepSeek-V3_config.json)
-DEEPSEEK_V3 = {
-    "hidden_size": 7168,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 163840,
-    "rope_parameters": {
-        "rope_type": "yarn",  # the module turns it into deepseek_yarn (deepseek_v2.py:976-981)
-        "rope_theta": 10000,
-        "factor": 40,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 4096,
-    },
-}
+# deepseek-ai/DeepSeek-V3 config.json's attention keys (mla_configs); its yarn rope_type the module turns into
+# deepseek_yarn (deepseek_v2.py:976-981)
+DEEPSEEK_V3 = mla_configs.DEEPSEEK_V3
 LATENT = DEEPSEEK_V3["kv_lora_rank"] + DEEPSEEK_V3["qk_rope_head_dim"]  # 576: one latent cache entry per token
 # the page size vLLM serves each MLA backend with: the preferred size given the default 16 (platforms/interface.py:
 # 593-626): FLASH_ATTN_MLA MultipleOf(16) (flashattn_mla.py:52-53), FLASHMLA 64 only (flashmla.py:58-59),

@@ -60,6 +60,7 @@ from contextlib import contextmanager, nullcontext
 
 from opcollect.backends.vllm import mla
 from opcollect.backends.vllm import msa_inputs as inputs
+from opcollect.backends.vllm.dsa import common_metadata
 from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import is_cuda, random_tensor
 
@@ -177,28 +178,6 @@ def check_cache_precision(module, kv_cache, kv_cache_dtype: str) -> None:
         )
 
 
-def common_metadata(layout, max_seq_len: int, device: str):
-    """CommonAttentionMetadata of the batch (v1/attention/backend.py:394-456), shared by both layers' builders as one
-    KV cache group's is; max_seq_len as serving builds it for the way it runs the batch."""
-    import torch
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    t = inputs.dsa_inputs.batch_tensors(layout)
-    return CommonAttentionMetadata(
-        query_start_loc=t.query_start_loc.to(device),
-        query_start_loc_cpu=t.query_start_loc,
-        seq_lens=t.seq_lens.to(device),
-        num_reqs=layout.batch_size,
-        num_actual_tokens=layout.num_tokens,
-        max_query_len=layout.query_len,
-        max_seq_len=max_seq_len,
-        block_table_tensor=t.page_table.to(device),
-        slot_mapping=t.slot_mapping.to(device),
-        causal=True,
-        seq_lens_cpu_upper_bound=t.seq_lens,
-    ), t.positions.to(device=device, dtype=torch.int64)
-
-
 def caches(layers, config, layout, device: str, seed: int):
     """The K/V cache and the index-key cache, each in its backend's shape and its layer's spec dtype, filled."""
     import torch
@@ -253,7 +232,7 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
         attn, index_layer = layers[attn_name], layers[index_name]
         kv = [caches(((attn, module.num_kv_heads), (index_layer, 1)), config, layout, device, i) for i in range(copies)]
         check_cache_precision(module, kv[0][0], case.kv_cache_dtype)
-        common, positions = common_metadata(layout, model_len if mode == inputs.FULL else layout.seq_len, device)
+        common, positions = common_metadata(layout, device, model_len if mode == inputs.FULL else layout.seq_len)
         # each layer's own backend plans the batch (common_prefix_len 0: no cascade), as serving's runner does
         metadata = {
             name: layer.get_attn_backend()
@@ -285,7 +264,14 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     def forward(i: int) -> None:
         module(positions, hidden[i])
 
-    label = type(module.impl).__name__
+    return served(run, forward, copies, type(module.impl).__name__, mode, device)
+
+
+def served(run, forward, copies: int, label: str, mode: str, device: str) -> Prepared:
+    """The rows' call as serving runs the batch (``mode``, msa_inputs.graph_mode): FULL and EAGER call the forward of
+    the next copy (a FULL row graph-safe: the harness replays it from one CUDA graph); PIECEWISE warms up once, then
+    replays one breakable capture per copy, its eager pieces included (timed eagerly). ``run(i, step)`` runs step(i)
+    in copy i's forward context; ``forward(i)`` is copy i's forward."""
     state = {"i": 0}
     if mode != inputs.PIECEWISE:
 

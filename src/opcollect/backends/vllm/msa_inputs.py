@@ -21,8 +21,8 @@ functions that fill tensors.
 
 from __future__ import annotations
 
-from opcollect.backends.vllm import dsa_inputs
-from opcollect.backends.vllm.context import SERVING_MAX_NUM_BATCHED_TOKENS, serving_capture_sizes
+from opcollect.backends.vllm import context, dsa_inputs
+from opcollect.backends.vllm.context import breakable_graph_mode, serving_batched_tokens
 from opcollect.backends.vllm.gemm import NVFP4_GROUP
 from opcollect.runtime.contract import KernelLimit
 from opcollect.runtime.dtypes import ceil_div
@@ -60,10 +60,7 @@ BLOCK_SIZE = 128
 INDEX_BYTES = 2  # bf16 index keys
 # e4m3 bytes 0x20..0x3f: the values 0.125 .. 1.875, finite (dsa_inputs)
 FP8_LOW, FP8_HIGH = dsa_inputs.FP8_LOW, dsa_inputs.FP8_HIGH
-# how serving runs a batch (v1/cudagraph_dispatcher.py:272-324): FULL, one graph of the whole forward, for a uniform
-# decode batch; PIECEWISE, vLLM's breakable graph, for any other batch; both up to the largest capture size; EAGER
-# above it
-FULL, PIECEWISE, EAGER = "FULL", "PIECEWISE", "NONE"
+FULL, PIECEWISE, EAGER = context.FULL, context.PIECEWISE, context.EAGER  # how serving runs a batch (graph_mode)
 
 
 def model_keys(architecture: str) -> dict:
@@ -104,15 +101,13 @@ def graph_mode(case, context: bool) -> str:
     indexer and attention and runs them eagerly (nvidia/model.py:619-631; compilation/breakable_cudagraph.py:93-115),
     except under a FULL graph (:100-103)."""
     query_len, _ = lengths(case, context)
-    if case.batch_size * query_len > serving_capture_sizes()[-1]:
-        return EAGER
-    return FULL if query_len == 1 else PIECEWISE
+    return breakable_graph_mode(case.batch_size, query_len)
 
 
 def serving_tokens(case, context: bool) -> int:
     """max_num_batched_tokens as context.serve_batch sets it for this batch."""
     query_len, _ = lengths(case, context)
-    return max(case.batch_size * query_len, case.batch_size, SERVING_MAX_NUM_BATCHED_TOKENS)
+    return serving_batched_tokens(case.batch_size, case.batch_size * query_len)
 
 
 def msa_layout(case, context: bool) -> dsa_inputs.DsaLayout:
