@@ -155,6 +155,45 @@ def _op(query: dict):
                 "prefix": query["step"],
             }
         return op, {"is_context": False, "batch_size": query["batch_size"], "s": query["isl"] + query["step"]}
+    if kind in ("context_dsv4_module", "generation_dsv4_module"):
+        # built as the consumer's DeepSeek-V4 model builds its attention ops (sdk/models/deepseek_v4.py:117-157):
+        # the model's config as the consumer parses it (its shipped copy), rank-local heads native // tp, rank-local
+        # o_groups, and compress_ratio choosing CSA (4) or HCA (any other)
+        from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+        config = get_model_config_from_model_path(query["model"])
+        v4, native, tp = config["extra_params"], config["n"], query["tp_size"]
+        context = kind == "context_dsv4_module"
+        op = (ops.ContextDeepSeekV4AttentionModule if context else ops.GenerationDeepSeekV4AttentionModule)(
+            "q",
+            1,
+            native // tp,
+            native,
+            tp,
+            config["hidden_size"],
+            v4.q_lora_rank,
+            v4.o_lora_rank,
+            v4.head_dim,
+            v4.qk_rope_head_dim,
+            v4.index_n_heads,
+            v4.index_head_dim,
+            v4.index_topk,
+            v4.sliding_window,
+            query["compress_ratio"],
+            max(1, v4.o_groups // tp),
+            kv,
+            common.FMHAQuantMode[query["mla_dtype"]],
+            common.GEMMQuantMode[query["gemm_type"]],
+            architecture=config["architecture"],
+        )
+        if context:  # the table's step is the cached prefix before the isl new tokens
+            return op, {
+                "is_context": True,
+                "batch_size": query["batch_size"],
+                "s": query["isl"],
+                "prefix": query["step"],
+            }
+        return op, {"is_context": False, "batch_size": query["batch_size"], "s": query["isl"] + query["step"]}
     if kind == "mhc":  # "pre" or "post" over num_tokens tokens
         op = ops.DeepSeekV4MHCModule(
             "q",

@@ -25,7 +25,18 @@ import shutil
 
 import pytest
 from conftest import TESTS
-from consumer_trees import VERSIONS, Estimate, ask, build_tables, close, estimate, metrics, rows, sources
+from consumer_trees import (
+    VERSIONS,
+    Estimate,
+    ask,
+    breakdown,
+    build_tables,
+    close,
+    estimate,
+    metrics,
+    rows,
+    sources,
+)
 from test_consumer import SYSTEM
 from test_consumer_estimates import KEEP as COMMON_KEEP
 from test_consumer_estimates import LATENCY as COMMON_LATENCY
@@ -230,3 +241,133 @@ def test_the_consumer_answers_our_rows(tables, consumer_python, tmp_path, backen
         wrong = _wrong(queries, expected, answers)
         assert not wrong, f"{backend} {version} MSA: {len(wrong)} of {len(queries)} differ, e.g. {wrong[:3]}"
         assert {a["source"] for a in answers} == {"silicon"}
+
+
+# ---- DeepSeek-V4's attention modules ----
+
+# the consumer's DSv4 loader reads SGLang's fp8_e4m3 spelling as fp8 for mla_dtype and kv_cache_dtype, gemm_type as
+# written (aiconfigurator-core perf_database/dsv4.rs:1315-1320 normalize_dsv4_dtype)
+DSV4_DTYPE = {"fp8_e4m3": "fp8"}
+DSV4_KEYS = ("model", "compress_ratio", "tp_size", "gemm_type", "batch_size", "isl", "step")
+CALIB = "dsv4_csa_topk_calib_perf"
+
+
+def _dsv4_queries(tables, backend: str) -> tuple[list[dict], list[tuple[str, dict]]]:
+    """A query at every key of the four DSv4 module tables of ``backend``, with (phase, our row) for each."""
+    queries, keyed = [], []
+    for table in ("dsv4_csa_context_module_perf", "dsv4_hca_context_module_perf"):
+        keyed += [("context", row) for row in rows(tables, "sparse_attention", backend, table)]
+    for table in ("dsv4_csa_generation_module_perf", "dsv4_hca_generation_module_perf"):
+        keyed += [("generation", row) for row in rows(tables, "sparse_attention", backend, table)]
+    for phase, row in keyed:
+        queries.append(
+            {
+                "op": f"{phase}_dsv4_module",
+                **{k: row[k] for k in DSV4_KEYS},
+                "mla_dtype": DSV4_DTYPE.get(row["mla_dtype"], row["mla_dtype"]),
+                "kv_cache_dtype": DSV4_DTYPE.get(row["kv_cache_dtype"], row["kv_cache_dtype"]),
+            }
+        )
+    return queries, keyed
+
+
+def _topk_deltas(calib: list[dict]) -> dict[tuple, float]:
+    """(variant, native heads, step, isl, batch_size) -> max(0, flat - top_last), first row of each key wins."""
+    latency: dict[tuple, float] = {}
+    for row in calib:
+        variant, mode = row["score_mode"].split("_", 1)
+        key = (variant, row["num_heads"], row["step"], row["isl"], row["batch_size"], mode)
+        latency.setdefault(key, row["latency"])
+    return {
+        key[:-1]: max(0.0, flat - latency[(*key[:-1], "top_last")])
+        for key, flat in latency.items()
+        if key[-1] == "flat" and (*key[:-1], "top_last") in latency
+    }
+
+
+def _delta_key(phase: str, row: dict) -> tuple:
+    """Where the consumer looks up a CSA row's correction: the variant and the query's native heads (num_heads *
+    tp_size), then (prefix, isl, batch) of context or (isl + step - 1, 1, batch) of decode."""
+    native = row["num_heads"] * row["tp_size"]
+    if phase == "context":
+        return ("v1", native, row["step"], row["isl"], row["batch_size"])
+    return ("v2", native, row["isl"] + row["step"] - 1, 1, row["batch_size"])
+
+
+def _dsv4_expected(keyed: list[tuple[str, dict]], deltas: dict[tuple, float] | None) -> list[float]:
+    """Our row; a CSA row less its correction where the tree holds the calibration (``deltas``)."""
+    expected = []
+    for phase, row in keyed:
+        if deltas is None or row["compress_ratio"] != 4:
+            expected.append(row["latency"])
+        else:
+            expected.append(max(0.0, row["latency"] - deltas[_delta_key(phase, row)]))
+    return expected
+
+
+def _calib_path(tables, backend: str):
+    return tables / SYSTEM / "sparse_attention" / backend / VERSIONS[backend] / f"{CALIB}.parquet"
+
+
+@pytest.mark.parametrize("backend", ("vllm", "sglang"))
+def test_the_consumer_answers_our_dsv4_modules(tables, consumer_python, tmp_path, backend):
+    """Every key of the CSA and HCA context and generation module tables: the consumer (ops built as its DeepSeek-V4
+    model builds them, tests/consumer_driver.py) answers our row from silicon; on SGLang a CSA row less the top-k
+    correction the consumer takes from dsv4_csa_topk_calib.
+
+    The consumer's rule (aiconfigurator-core 0.12.0 perf_database/dsv4.rs, compiled into the wheel's
+    _aiconfigurator_core.abi3.so; read at ai-dynamo/aiconfigurator 095f58a5,
+    aic-core/rust/aiconfigurator-core/src/perf_database/dsv4.rs):
+
+    - load_topk_calib_parquet (:815-900) reads {framework}/{version}/dsv4_csa_topk_calib_perf.parquet, keys each row
+      by its num_heads (the model's native heads; a row without it is skipped, :851), (step, isl, batch_size) and
+      score_mode, first row wins, and pairs DELTA = max(0, v1_flat - v1_top_last) (:881) and max(0, v2_flat -
+      v2_top_last) (:887); no file means no correction (:874).
+    - CSA only (compress_ratio 4; HCA untouched): query_context subtracts v1's DELTA at (prefix, isl, batch) (:344-346),
+      query_generation v2's at (s_total - 1, 1, batch), s_total = isl + step (:420-428).
+    - topk_corrected (:467-503) takes the bucket of the query's native heads only (:488), is on unless
+      AIC_DSV4_TOPK_CORRECTION=0 (:740-750), and returns max(0, latency - DELTA) (apply_topk_delta :783-794);
+      topk_delta_ms (:1000-1003) takes the exact (prefix, isl, batch) and interpolates only off the grid.
+    - A module row's native heads are num_heads * tp_size (load_module_parquet :1481); the op carries the model's.
+    """
+    queries, keyed = _dsv4_queries(tables, backend)
+    calib = _calib_path(tables, backend)
+    assert calib.exists() == (CALIB.removesuffix("_perf") in OPS[backend])
+    deltas = _topk_deltas(rows(tables, "sparse_attention", backend, CALIB)) if calib.exists() else None
+    if deltas is not None:
+        # our calibration holds every CSA key at the exact point the consumer looks up: no interpolation, and a
+        # correction that moves every CSA answer off our row
+        csa = [_delta_key(phase, row) for phase, row in keyed if row["compress_ratio"] == 4]
+        assert csa and all(deltas.get(key, 0.0) > 0 for key in csa), [k for k in csa if k not in deltas][:3]
+    expected = _dsv4_expected(keyed, deltas)
+    answers = ask(consumer_python, tables, backend, queries, tmp_path)
+    wrong = _wrong(queries, expected, answers)
+    assert not wrong, f"{backend}: {len(wrong)} of {len(queries)} DSv4 answers differ, e.g. {wrong[:3]}"
+    assert {a["source"] for a in answers} == {"silicon"}
+    assert {row["compress_ratio"] for _, row in keyed} == {4, 128}
+
+
+def _attention_ms(output: str) -> dict[str, float]:
+    return {op: float(breakdown(output)[op].split()[0]) for op in NEW_OPS}
+
+
+def test_sglang_estimates_deepseek_v4_without_the_topk_calibration(tables, consumer_python, tmp_path):
+    """dsv4_csa_topk_calib is a correction, not a requirement: taken out of a copy, the CLI still estimates
+    DeepSeek-V4-Flash on SGLang (the loader's missing file means no correction, dsv4.rs:874), with slower context
+    and generation attention (no top-k DELTA is taken off the CSA modules), and the consumer's CSA answers are then
+    our rows themselves."""
+    e = _of(V4, "sglang")
+    copy = tmp_path / "TABLES"
+    shutil.copytree(tables, copy)
+    _calib_path(copy, "sglang").unlink()
+    rc, without = estimate(consumer_python, copy, e)
+    assert rc == 0, without[-3000:]
+    assert {op: sources(without).get(op) for op in NEW_OPS} == dict.fromkeys(NEW_OPS, "silicon"), without[-3000:]
+    rc, with_calib = estimate(consumer_python, tables, e)
+    assert rc == 0, with_calib[-3000:]
+    slower, faster = _attention_ms(without), _attention_ms(with_calib)
+    assert all(slower[op] > faster[op] for op in NEW_OPS), (slower, faster)
+    queries, keyed = _dsv4_queries(copy, "sglang")
+    answers = ask(consumer_python, copy, "sglang", queries, tmp_path)
+    wrong = _wrong(queries, _dsv4_expected(keyed, None), answers)
+    assert not wrong, f"{len(wrong)} of {len(queries)} DSv4 answers differ from our rows, e.g. {wrong[:3]}"
