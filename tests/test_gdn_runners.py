@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, install_fakes
+from fake_frameworks import Recorder
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.sglang import gdn as sgl
@@ -45,10 +46,10 @@ def conv_reference(x, state, weight):
 # ---------------------------------------------------------------- vLLM
 
 
-class FakeVllm:
+class FakeVllm(Recorder):
     def __init__(self, capability=90):
+        super().__init__()
         self.capability = capability
-        self.calls: list = []
         self.configs: list = []
 
     def install(self, monkeypatch) -> None:
@@ -95,23 +96,9 @@ class FakeVllm:
             dim, width = weight.shape
             assert conv_states.shape[1] == dim and conv_states.shape[2] >= width - 1 and weight.stride(1) == 1
             assert cache_indices.shape == has_initial_state.shape == (query_start_loc.numel() - 1,)
-            fake.calls.append(
-                (
-                    "conv_fn",
-                    dict(
-                        x=x,
-                        weight=weight,
-                        bias=bias,
-                        states=conv_states,
-                        starts=query_start_loc,
-                        indices=cache_indices,
-                        initial=has_initial_state,
-                        act=activation,
-                        metadata=metadata,
-                        kw=kw,
-                    ),
-                )
-            )
+            fake.record("conv_fn", x=x, weight=weight, bias=bias, states=conv_states, starts=query_start_loc,
+                        indices=cache_indices, initial=has_initial_state, act=activation, metadata=metadata,
+                        kw=kw)  # fmt: skip
             out = torch.empty_like(x)
             starts = query_start_loc.tolist()
             for r, slot in enumerate(cache_indices.tolist()):
@@ -127,20 +114,8 @@ class FakeVllm:
             # causal_conv1d.py:1069-1160: x (batch, dim) overwritten with the output
             assert x.stride(1) == 1 and conv_state.shape[1] == x.shape[1] == weight.shape[0]
             assert conv_state_indices.shape == (x.shape[0],)
-            fake.calls.append(
-                (
-                    "conv_update",
-                    dict(
-                        x=x,
-                        states=conv_state,
-                        indices=conv_state_indices,
-                        bias=bias,
-                        act=activation,
-                        validate=validate_data,
-                        kw=kw,
-                    ),
-                )
-            )
+            fake.record("conv_update", x=x, states=conv_state, indices=conv_state_indices, bias=bias,
+                        act=activation, validate=validate_data, kw=kw)  # fmt: skip
             for r, slot in enumerate(conv_state_indices.tolist()):
                 o, conv_state[slot] = conv_reference(x[r][:, None], conv_state[slot], weight)
                 x[r] = o[:, 0].to(x.dtype)
@@ -156,23 +131,9 @@ class FakeVllm:
             hv, v, k = initial_state.shape[-3:]
             assert out.shape == (mixed_qkv.shape[0], 1, hv, v) and a.shape == b.shape == (mixed_qkv.shape[0], hv)
             h = (mixed_qkv.shape[1] - hv * v) // 2 // k
-            fake.calls.append(
-                (
-                    "packed_decode",
-                    dict(
-                        qkv=mixed_qkv,
-                        a=a,
-                        b=b,
-                        A_log=A_log,
-                        dt_bias=dt_bias,
-                        scale=scale,
-                        state=initial_state,
-                        out=out,
-                        indices=ssm_state_indices,
-                        l2=use_qk_l2norm_in_kernel,
-                    ),
-                )
-            )
+            fake.record("packed_decode", qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                        state=initial_state, out=out, indices=ssm_state_indices,
+                        l2=use_qk_l2norm_in_kernel)  # fmt: skip
             rows = ssm_state_indices.long()
             q, kk, vv = mixed_qkv.float().split([h * k, h * k, hv * v], dim=-1)
             q, kk = la.l2_normalize(q.view(-1, h, k)), la.l2_normalize(kk.view(-1, h, k))
@@ -191,7 +152,7 @@ class FakeVllm:
                 self.gdn_prefill_backend = "flashinfer" if flashinfer else "triton"
 
             def forward(self, **kw):
-                fake.calls.append(("chunk", kw))
+                fake.record("chunk", **kw)
 
         def prepare_chunk_indices(cu_seqlens, chunk_size):  # fla/ops/index.py:23-30
             assert cu_seqlens.device.type == "cpu"
@@ -236,15 +197,10 @@ class FakeVllm:
         )
         monkeypatch.setattr(vllm_context_module, "vllm_context", vllm_context)
 
-    def of(self, kind: str) -> list:
-        return [c[1] for c in self.calls if c[0] == kind]
-
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    fake = FakeVllm()
-    fake.install(monkeypatch)
-    return fake
+    return FakeVllm.installed(monkeypatch)
 
 
 def page_elements(c, size: int) -> int:
@@ -273,8 +229,8 @@ def test_vllm_prefill_conv_runs_causal_conv1d_fn_on_serving_split_and_pages(fake
     assert first["metadata"].nums_dict == {8: {"tot": 1}} and first["metadata"].num_prefills == 3
     assert first["kw"] == {}
     # the launch lists are computed once for the batch, on the host, outside the timed calls
-    assert [call for call in fake_vllm.calls if call[0] == "conv_metadata"][0][1].tolist() == [0, 5, 10, 15]
-    assert len([call for call in fake_vllm.calls if call[0] == "conv_metadata"]) == 1
+    [starts] = fake_vllm.of("conv_metadata")
+    assert starts.tolist() == [0, 5, 10, 15]
     # each request's final conv state lands in its block; the null block 0 stays untouched
     assert states[0].abs().sum() == 0 and all(states[s].abs().sum() > 0 for s in (1, 2, 3))
     x = first["x"]
@@ -288,8 +244,7 @@ def test_vllm_prefill_conv_runs_causal_conv1d_fn_on_serving_split_and_pages(fake
 def test_vllm_prefill_scan_calls_chunk_gated_delta_rule_and_labels_its_backend(
     monkeypatch, capability, head_k, backend
 ):
-    fake = FakeVllm(capability)
-    fake.install(monkeypatch)
+    fake = FakeVllm.installed(monkeypatch, capability)
     c = case("core", "context", batch=2, seq=70)
     prepared = vll.prepare(c, "x", "cpu", 1)
     assert prepared.kernel_source == f"chunk_gated_delta_rule_{backend}"
@@ -371,10 +326,10 @@ def test_vllm_refusals_come_before_any_framework_import():
 # ---------------------------------------------------------------- SGLang
 
 
-class FakeSglang:
+class FakeSglang(Recorder):
     def __init__(self, packed=True):
+        super().__init__()
         self.packed = packed
-        self.calls: list = []
 
     def install(self, monkeypatch) -> None:
         fake = self
@@ -404,29 +359,14 @@ class FakeSglang:
         ):
             # mamba/causal_conv1d.py:32-91: a strided x with seq_lens_cpu runs the Triton kernel
             assert x.stride(-1) != 1 and "seq_lens_cpu" in kwargs
-            fake.calls.append(
-                (
-                    "conv_fn",
-                    dict(
-                        x=x,
-                        states=conv_states,
-                        indices=cache_indices,
-                        initial=has_initial_state,
-                        starts=query_start_loc,
-                        bias=bias,
-                        act=activation,
-                        kw=kwargs,
-                    ),
-                )
-            )
+            fake.record("conv_fn", x=x, states=conv_states, indices=cache_indices, initial=has_initial_state,
+                        starts=query_start_loc, bias=bias, act=activation, kw=kwargs)  # fmt: skip
             return torch.empty_like(x)
 
         def causal_conv1d_update(
             x, conv_state, weight, bias=None, activation=None, cache_seqlens=None, conv_state_indices=None, **kw
         ):
-            fake.calls.append(
-                ("conv_update", dict(x=x, states=conv_state, indices=conv_state_indices, bias=bias, act=activation))
-            )
+            fake.record("conv_update", x=x, states=conv_state, indices=conv_state_indices, bias=bias, act=activation)
             return x
 
         class TritonGDNKernel:  # linear/kernels/gdn_triton.py:38-156
@@ -447,40 +387,13 @@ class FakeSglang:
                 head_v_dim,
                 **kwargs,
             ):
-                fake.calls.append(
-                    (
-                        "packed_decode",
-                        dict(
-                            qkv=mixed_qkv,
-                            a=a,
-                            b=b,
-                            A_log=A_log,
-                            dt_bias=dt_bias,
-                            scale=scale,
-                            state=ssm_states,
-                            indices=cache_indices,
-                            heads=(num_v_heads, head_v_dim),
-                        ),
-                    )
-                )
+                fake.record("packed_decode", qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                            state=ssm_states, indices=cache_indices, heads=(num_v_heads, head_v_dim))  # fmt: skip
                 return mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim).transpose(0, 1)
 
             def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
-                fake.calls.append(
-                    (
-                        "extend",
-                        dict(
-                            q=q,
-                            k=k,
-                            v=v,
-                            g=g,
-                            beta=beta,
-                            state=ssm_states,
-                            indices=cache_indices,
-                            starts=query_start_loc,
-                        ),
-                    )
-                )
+                fake.record("extend", q=q, k=k, v=v, g=g, beta=beta, state=ssm_states, indices=cache_indices,
+                            starts=query_start_loc)  # fmt: skip
                 return None, None, None
 
         install_fakes(
@@ -498,15 +411,10 @@ class FakeSglang:
             },
         )
 
-    def of(self, kind: str) -> list:
-        return [c[1] for c in self.calls if c[0] == kind]
-
 
 @pytest.fixture
 def fake_sglang(monkeypatch):
-    fake = FakeSglang()
-    fake.install(monkeypatch)
-    return fake
+    return FakeSglang.installed(monkeypatch)
 
 
 def test_sglang_prefill_conv_and_scan_as_forward_extend_calls_them(fake_sglang):
@@ -553,7 +461,7 @@ def test_sglang_refuses_int32_offsets_grid_y_and_a_kernel_without_packed_decode(
             sgl.prepare(big._replace(stage=stage, head_k_dim=128, head_v_dim=128), "x", "cpu", 1)
     with pytest.raises(KernelLimit, match="grid-y"):
         sgl.prepare(case("core", "generation", batch=1024, nk=16, nv=64), "x", "cpu", 1)
-    FakeSglang(packed=False).install(monkeypatch)
+    FakeSglang.installed(monkeypatch, packed=False)
     with pytest.raises(KernelLimit, match="packed decode"):
         sgl.prepare(case("core", "generation"), "x", "cpu", 1)
 

@@ -20,6 +20,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import ROOT, install_fakes
+from fake_frameworks import Recorder
+from fake_sglang import Field, pinned_problems, sglang_source, sglang_uses
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.sglang import RUNNERS, dsa
@@ -33,7 +35,6 @@ from opcollect.runtime.contract import KernelLimit
 
 torch = pytest.importorskip("torch")
 
-WHEELS = ROOT / ".cache" / "wheels"
 GLM = "GlmMoeDsaForCausalLM"
 TOPK = 2048
 GB = 2**30
@@ -45,14 +46,6 @@ def kcase(batch=2, isl=3, step=5, mla="fp8_e4m3", heads=64) -> Glm5Case:
 
 def tcase(batch=2, isl=3, step=2100, mode="top_last") -> Glm5TopkCase:
     return Glm5TopkCase("zai-org/GLM-5", GLM, "fp8_e4m3", "fp8_e4m3", "fp8_block", 64, batch, isl, 1, step, 1, mode)
-
-
-class Env:
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return self.value
 
 
 def topk_reference(score, lengths, topk, row_starts, table, cu):
@@ -73,16 +66,16 @@ def topk_reference(score, lengths, topk, row_starts, table, cu):
     return out
 
 
-class FakeSgl:
+class FakeSgl(Recorder):
     """Stand-ins for what the GLM-5 kernel runner imports (each cites the SGLang source it models)."""
 
     def __init__(self):
-        self.calls: list = []
+        super().__init__()
         self.sm_major = 9
         self.memory = (100 * GB, 140 * GB)
         self.envs = SimpleNamespace(
-            SGLANG_DSA_FUSE_TOPK=Env(True),  # environ.py:582
-            SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION=Env(0.2),  # environ.py:594
+            SGLANG_DSA_FUSE_TOPK=Field(True),  # environ.py:582
+            SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION=Field(0.2),  # environ.py:594
         )
 
         class Indexer:  # dsa_indexer.py:326-328
@@ -98,18 +91,18 @@ class FakeSgl:
         assert k_scale.dtype == weights.dtype == torch.float32 and k_scale.shape == (k.shape[0],)
         assert weights.shape == q.shape[:2] and ks.shape == ke.shape == (q.shape[0],)
         assert ks.dtype == ke.dtype == torch.int32 and bool((ks <= ke).all()) and int(ke.max()) <= k.shape[0]
-        self.calls.append(("mqa", dict(q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, clean=clean_logits)))
+        self.record("mqa", q=q, k=k, k_scale=k_scale, weights=weights, ks=ks, ke=ke, clean=clean_logits)
         return torch.empty(q.shape[0], k.shape[0])
 
     def fast_topk_transform_fused(self, score, lengths, page_table_size_1, cu_seqlens_q, topk, row_starts=None):
         assert topk == TOPK and score.dim() == 2 and score.dtype == torch.float32
         out = topk_reference(score, lengths, topk, row_starts, page_table_size_1, cu_seqlens_q)
-        self.calls.append(("fused", dict(score=score, lengths=lengths, table=page_table_size_1, cu=cu_seqlens_q,
-                                         row_starts=row_starts, out=out)))  # fmt: skip
+        self.record("fused", score=score, lengths=lengths, table=page_table_size_1, cu=cu_seqlens_q,
+                    row_starts=row_starts, out=out)  # fmt: skip
         return out
 
     def fast_topk_v2(self, score, lengths, topk, row_starts=None):
-        self.calls.append(("v2", dict(score=score, lengths=lengths, row_starts=row_starts)))
+        self.record("v2", score=score, lengths=lengths, row_starts=row_starts)
         return torch.empty(score.shape[0], topk, dtype=torch.int32)
 
     def flash_mla_sparse_fwd(self, q, kv, indices, sm_scale, d_v=512):
@@ -118,7 +111,7 @@ class FakeSgl:
         assert q.dtype == kv.dtype == torch.bfloat16 and q.shape[-1] == kv.shape[-1] == 576 and kv.shape[1] == 1
         assert indices.dtype == torch.int32 and indices.shape == (q.shape[0], 1, TOPK)
         assert int(indices.min()) >= -1 and int(indices.max()) < kv.shape[0]
-        self.calls.append(("attn", dict(q=q, kv=kv, indices=indices, sm_scale=sm_scale, d_v=d_v)))
+        self.record("attn", q=q, kv=kv, indices=indices, sm_scale=sm_scale, d_v=d_v)
         return q.new_empty(q.shape[0], heads, d_v), None, None
 
     def install(self, monkeypatch):
@@ -156,9 +149,7 @@ class FakeSgl:
 
 @pytest.fixture
 def sgl(monkeypatch):
-    fake = FakeSgl()
-    fake.install(monkeypatch)
-    return fake
+    return FakeSgl.installed(monkeypatch)
 
 
 # --- the indexer's logits ---
@@ -256,7 +247,7 @@ def test_a_split_prefill_topk_maps_each_query_through_its_requests_page_row(sgl,
 
 
 def test_unfused_topk_when_sglang_says_so(sgl):
-    sgl.envs.SGLANG_DSA_FUSE_TOPK = Env(False)
+    sgl.envs.SGLANG_DSA_FUSE_TOPK = Field(False)
     prepared = dk.prepare_topk(tcase(), "fast_topk_transform_fused", "cpu", 1)
     assert prepared.kernel_source == "fast_topk_v2"
     prepared.call()
@@ -356,19 +347,6 @@ def test_sglangs_glm5_kernel_ops_are_planned_with_the_references_kernels(planner
 # --- the pinned wheel ---
 
 
-def _sglang_source(rel: str) -> str:
-    unpacked = sorted(WHEELS.glob("sglang-0.5.14-*.unpacked"))
-    if unpacked:
-        return (unpacked[-1] / rel).read_text()
-    wheels = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    if not wheels:
-        pytest.skip("no pinned SGLang wheel in .cache/wheels; `nox -s contract-sglang` downloads it (.ci/run does)")
-    import zipfile
-
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        return wheel.read(rel).decode()
-
-
 def _assigned(tree, cls: str) -> dict:
     [node] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls]
     found = [t for t in node.body if isinstance(t, (ast.Assign, ast.AnnAssign)) and isinstance(t.value, ast.Constant)]
@@ -376,16 +354,16 @@ def _assigned(tree, cls: str) -> dict:
 
 
 def test_the_pinned_wheels_limits_flags_and_calls_are_what_the_runner_models():
-    indexer = _sglang_source("sglang/srt/layers/attention/dsa/dsa_indexer.py")
+    indexer = sglang_source("sglang/srt/layers/attention/dsa/dsa_indexer.py")
     limits = _assigned(ast.parse(indexer), "Indexer")
     fake = FakeSgl().Indexer
     for name in ("_MQA_LOGITS_BYTES_PER_ELEM", "_MQA_LOGITS_STATIC_SKIP_ELEMS", "_MQA_LOGITS_TOTAL_MEM_FRACTION"):
         assert limits[name] == getattr(fake, name) and name in dk.__doc__ + Path(dk.__file__).read_text()
     assert "deep_gemm.fp8_mqa_logits(" in indexer and "clean_logits=False" in indexer
-    environ = _sglang_source("sglang/srt/environ.py")
+    environ = sglang_source("sglang/srt/environ.py")
     assert "SGLANG_DSA_FUSE_TOPK = EnvBoolWithAlias(True" in environ
     assert "SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION = EnvFloat(0.2)" in environ
-    topk = ast.parse(_sglang_source("sglang/srt/layers/attention/dsa/dsa_topk_backend.py"))
+    topk = ast.parse(sglang_source("sglang/srt/layers/attention/dsa/dsa_topk_backend.py"))
     [method] = [n for n in ast.walk(topk) if isinstance(n, ast.FunctionDef) and n.name == "topk_transform"]
     params = [a.arg for a in method.args.args]
     assert {"logits", "lengths", "topk", "topk_transform_method", "attn_metadata", "cu_seqlens_q_topk",
@@ -394,19 +372,16 @@ def test_the_pinned_wheels_limits_flags_and_calls_are_what_the_runner_models():
     assert (
         "attn_metadata.page_table_1" in body
         and "fast_topk_transform_fused(" in body
-        and "fast_topk_v2" in (_sglang_source("sglang/srt/layers/attention/dsa/dsa_topk_backend.py"))
+        and "fast_topk_v2" in (sglang_source("sglang/srt/layers/attention/dsa/dsa_topk_backend.py"))
     )
-    args = _sglang_source("sglang/srt/server_args.py")
+    args = sglang_source("sglang/srt/server_args.py")
     assert '] = "sgl-kernel"' in args  # dsa_topk_backend's default
-    backend = _sglang_source("sglang/srt/layers/attention/dsa_backend.py")
+    backend = sglang_source("sglang/srt/layers/attention/dsa_backend.py")
     assert "required_padding = 128 if self.device_sm_major >= 10 else 64" in backend
 
 
 def test_the_contract_check_covers_every_sglang_symbol_the_kernel_runner_imports():
-    from opcollect.backends.symbols import Release, check, runner_uses
-
-    backends = ROOT / "src" / "opcollect" / "backends"
-    uses = [u for u in runner_uses(backends / "sglang", ("sglang", "sgl_kernel"), ROOT) if "dsa_kernels" in u.where]
+    uses = sglang_uses("dsa_kernels")
     labels = {u.label for u in uses}
     assert {
         "sglang.srt.environ.envs",
@@ -417,10 +392,7 @@ def test_the_contract_check_covers_every_sglang_symbol_the_kernel_runner_imports
         "sglang.srt.layers.attention.dsa.dsa_topk_backend.TopkTransformMethod",
         "sgl_kernel.flash_mla.flash_mla_sparse_fwd",
     } <= labels
-    sglang = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    kernel = sorted(WHEELS.glob("sglang_kernel-0.4.4-*.whl"))
-    if sglang and kernel:
-        assert check(uses, Release(sglang[-1], kernel[-1])) == []
+    assert pinned_problems(uses) == []
 
 
 # ======================================================================================================================
@@ -435,27 +407,6 @@ CONFIGS = Path(__file__).parent / "data" / "sparse_configs"
 def mcase(arch=V32, heads=32, batch=2, isl=100, step=3000, kv="bfloat16", gemm="bfloat16", op="dsa_context_module",
           model=None):  # fmt: skip
     return DsaModuleCase(op, model or MODEL[arch], arch, "bfloat16", kv, gemm, heads, batch, isl, 1, step)
-
-
-class Field:
-    """An EnvField (srt/environ.py:41-98): get, is_set, set, override."""
-
-    def __init__(self, default, value=None):
-        self.default, self.value = default, value
-
-    def get(self):
-        return self.default if self.value is None else self.value
-
-    def is_set(self):
-        return self.value is not None
-
-    @contextmanager
-    def override(self, value):
-        before, self.value = self.value, value
-        try:
-            yield
-        finally:
-            self.value = before
 
 
 class FakeDsaSgl:
@@ -922,7 +873,7 @@ def _config_reads(tree, cls: str, name: str = "config") -> set:
 
 
 def test_the_pinned_wheels_dsa_module_takes_what_the_runner_passes():
-    model = ast.parse(_sglang_source("sglang/srt/models/deepseek_v2.py"))
+    model = ast.parse(sglang_source("sglang/srt/models/deepseek_v2.py"))
     layer = dsa.layer_args(SimpleNamespace(**inputs.model_keys(mcase(GLM), 100)))
     params = _parameters(model, "DeepseekV2AttentionMLA")
     assert set(layer) | {"quant_config", "alt_stream"} <= params
@@ -936,31 +887,28 @@ def test_the_pinned_wheels_dsa_module_takes_what_the_runner_passes():
     assert _config_reads(model, "DeepseekV2AttentionMLA") - held <= {"q_lora_rank"} | held
     assert {"rms_norm_eps", "indexer_rope_interleave", "rope_interleave"} <= _config_reads(
         model, "DeepseekV2AttentionMLA")  # fmt: skip
-    batch = ast.parse(_sglang_source("sglang/srt/model_executor/forward_batch_info.py"))
+    batch = ast.parse(sglang_source("sglang/srt/model_executor/forward_batch_info.py"))
     [fb] = [n for n in ast.walk(batch) if isinstance(n, ast.ClassDef) and n.name == "ForwardBatch"]
     fields = {n.target.id for n in fb.body if isinstance(n, ast.AnnAssign)}
     assert {"batch_size", "input_ids", "req_pool_indices", "seq_lens", "out_cache_loc", "seq_lens_sum",
             "seq_lens_cpu", "positions", "extend_num_tokens", "extend_seq_lens", "extend_prefix_lens",
             "extend_start_loc", "extend_seq_lens_cpu", "extend_prefix_lens_cpu"} <= fields  # fmt: skip
-    args = ast.parse(_sglang_source("sglang/srt/server_args.py"))
+    args = ast.parse(sglang_source("sglang/srt/server_args.py"))
     assert _parameters(args, "ServerArgs", "_set_default_dsa_backends") == {"self", "kv_cache_dtype", "major"}
-    backend = _sglang_source("sglang/srt/layers/attention/dsa_backend.py")
+    backend = sglang_source("sglang/srt/layers/attention/dsa_backend.py")
     for read in ("model_runner.page_size", "model_runner.server_args.dsa_prefill_backend",
                  "model_runner.token_to_kv_pool.dsa_kv_cache_store_fp8", "model_runner.hisparse_coordinator",
                  "self.device_sm_major = self.device_capability[0]", "self.use_mha = (",
                  "envs.SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD.get()"):  # fmt: skip
         assert read in backend, read
-    mla = _sglang_source("sglang/srt/models/deepseek_common/attention_forward_methods/forward_mla.py")
+    mla = sglang_source("sglang/srt/models/deepseek_common/attention_forward_methods/forward_mla.py")
     assert "return output, topk_indices" in mla and "prev_topk_indices" in mla
-    communicator = _sglang_source("sglang/srt/layers/communicator.py")
+    communicator = sglang_source("sglang/srt/layers/communicator.py")
     assert "if self.qkv_latent_ is not None:\n            return self.qkv_latent_" in communicator
 
 
 def test_the_contract_check_covers_every_sglang_symbol_the_dsa_runner_imports():
-    from opcollect.backends.symbols import Release, check, runner_uses
-
-    backends = ROOT / "src" / "opcollect" / "backends"
-    uses = [u for u in runner_uses(backends / "sglang", ("sglang", "sgl_kernel"), ROOT) if "/dsa.py" in u.where]
+    uses = sglang_uses("/dsa.py")
     assert {
         "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA",
         "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend",
@@ -971,7 +919,4 @@ def test_the_contract_check_covers_every_sglang_symbol_the_dsa_runner_imports():
         "sglang.srt.layers.communicator.AttentionInputs",
         "sglang.srt.model_executor.runner.model_capture_mode",
     } <= {u.label for u in uses}
-    sglang = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    kernel = sorted(WHEELS.glob("sglang_kernel-0.4.4-*.whl"))
-    if sglang and kernel:
-        assert check(uses, Release(sglang[-1], kernel[-1])) == []
+    assert pinned_problems(uses) == []

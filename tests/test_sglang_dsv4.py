@@ -11,11 +11,12 @@ read from it."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, install_fakes
+from conftest import install_fakes
+from fake_frameworks import Recorder
+from fake_sglang import Field, pinned_problems, sglang_source, sglang_uses
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.sglang import RUNNERS
@@ -26,7 +27,6 @@ from opcollect.runtime.contract import KernelLimit
 
 torch = pytest.importorskip("torch")
 
-WHEELS = ROOT / ".cache" / "wheels"
 FLASH, PRO = "sgl-project/DeepSeek-V4-Flash-FP8", "sgl-project/DeepSeek-V4-Pro-FP8"
 ARCH = "DeepseekV4ForCausalLM"
 LABELS = ("fp8_e4m3", "fp8_e4m3", "fp8_block")
@@ -40,24 +40,6 @@ def tcase(batch=2, isl=3, step=2100, mode="v1_top_last", model=FLASH) -> Dsv4Top
     return Dsv4TopkCase(model, ARCH, *LABELS, 64, batch, isl, 1, step, 4, mode)
 
 
-class Field:
-    """An EnvField (srt/environ.py:41-98): get and override."""
-
-    def __init__(self, default):
-        self.value = default
-
-    def get(self):
-        return self.value
-
-    @contextmanager
-    def override(self, value):
-        before, self.value = self.value, value
-        try:
-            yield
-        finally:
-            self.value = before
-
-
 def dequantized(cache):
     """The indexer cache [pages, 64, 1, 132] as fp32 keys [pages, 64, 128]: fp8 values x their fp32 scale."""
     flat = cache.view(cache.shape[0], -1)
@@ -66,11 +48,11 @@ def dequantized(cache):
     return values * scales
 
 
-class FakeSgl:
+class FakeSgl(Recorder):
     """Stand-ins for what the DeepSeek-V4 kernel runner imports (each cites the SGLang source it models)."""
 
     def __init__(self):
-        self.calls: list = []
+        super().__init__()
         self.sm120 = self.hip = False
         self.envs = SimpleNamespace(  # environ.py:787-827 defaults
             SGLANG_OPT_USE_TOPK_V2=Field(True),
@@ -112,8 +94,8 @@ class FakeSgl:
                 n = int(context_lens[r, 0])
                 k = keys[block_table[r].long()].reshape(-1, 128)[:n]  # the row's pages, in order
                 out[r, :n] = (torch.einsum("hd,td->ht", q[r, 0].float(), k).relu() * weights[r, :, None]).sum(0)
-            self.calls.append((name, dict(q=q, kv=kv, weights=weights, lens=context_lens, table=block_table,
-                                          schedule=schedule, width=max_context_len, out=out)))  # fmt: skip
+            self.record(name, q=q, kv=kv, weights=weights, lens=context_lens, table=block_table, schedule=schedule,
+                        width=max_context_len, out=out)  # fmt: skip
             return out
 
         return fn
@@ -132,7 +114,7 @@ class FakeSgl:
                 out[r, : chosen.numel()] = (page_tables[r, chosen // 64] * 64 + chosen % 64).int()
                 if raw is not None:
                     raw[r, : chosen.numel()] = chosen.int()
-            self.calls.append((name, dict(scores=scores, lens=seq_lens, table=page_tables, out=out, raw=raw)))
+            self.record(name, scores=scores, lens=seq_lens, table=page_tables, out=out, raw=raw)
 
         return fn
 
@@ -154,9 +136,7 @@ class FakeSgl:
 
 @pytest.fixture
 def sgl(monkeypatch):
-    fake = FakeSgl()
-    fake.install(monkeypatch)
-    return fake
+    return FakeSgl.installed(monkeypatch)
 
 
 # --- the paged MQA logits ---
@@ -309,54 +289,38 @@ def test_sglangs_dsv4_kernel_ops_are_planned_and_have_runners(planner):
 # --- the pinned wheel ---
 
 
-def _sglang_source(rel: str) -> str:
-    unpacked = sorted(WHEELS.glob("sglang-0.5.14-*.unpacked"))
-    if unpacked:
-        return (unpacked[-1] / rel).read_text()
-    wheels = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    if not wheels:
-        pytest.skip("no pinned SGLang wheel in .cache/wheels; `nox -s contract-sglang` downloads it (.ci/run does)")
-    import zipfile
-
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        return wheel.read(rel).decode()
-
-
 def test_the_pinned_wheels_constants_flags_and_calls_are_what_the_runner_models():
-    metadata = _sglang_source("sglang/srt/layers/attention/dsv4/metadata.py")
+    metadata = sglang_source("sglang/srt/layers/attention/dsv4/metadata.py")
     assert 'assert self.page_size == 256, "the system hardcodes page_size=256"' in metadata
     assert "return self.page_size // 4" in metadata
     assert "self.topk_metadata = plan_topk_v2(self.c4_seq_lens)" in metadata
-    indexer = _sglang_source("sglang/srt/layers/attention/dsv4/indexer.py")
+    indexer = sglang_source("sglang/srt/layers/attention/dsv4/indexer.py")
     assert "block_kv = 64" in indexer and "head_dim_with_sf = 68 if use_fp4_indexer else 132" in indexer
     assert "from deep_gemm import fp8_paged_mqa_logits as fn" in indexer
     assert "fn = fp8_paged_mqa_logits_torch_sm120" in indexer
     assert "indexer_metadata.max_c4_seq_len,\n            False," in indexer  # clean_logits False
     assert "envs.SGLANG_OPT_USE_TOPK_V2.get() and raw_indices is None" in indexer
-    kernel = _sglang_source("sglang/srt/layers/attention/dsv4/metadata_kernel.py")
+    kernel = sglang_source("sglang/srt/layers/attention/dsv4/metadata_kernel.py")
     assert "c4_seq_lens_raw = seq_len // 4" in kernel  # the indexer's lengths: unclamped
-    backend = _sglang_source("sglang/srt/layers/attention/deepseek_v4_backend.py")
+    backend = sglang_source("sglang/srt/layers/attention/deepseek_v4_backend.py")
     assert "c4_topk_lengths_raw" in backend and "self.c4_sparse_raw_indices = torch.empty_like" in backend
-    environ = _sglang_source("sglang/srt/environ.py")
+    environ = sglang_source("sglang/srt/environ.py")
     for flag, default in (("SGLANG_OPT_USE_TOPK_V2", True), ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", False),
                           ("SGLANG_OPT_USE_TILELANG_INDEXER", False), ("SGLANG_OPT_USE_AITER_INDEXER", False),
                           ("SGLANG_TOPK_TRANSFORM_512_TORCH", False)):  # fmt: skip
         assert f"{flag} = EnvBool({default})" in environ
         assert FakeSgl().envs.__dict__[flag].get() is default
-    args = _sglang_source("sglang/srt/server_args.py")
+    args = sglang_source("sglang/srt/server_args.py")
     hook = args[args.index("validate_deepseek_v4_cp(self)") :]  # the DeepSeek-V4 branch of the model hook
     sm120 = hook[hook.index("if is_sm120_supported()") : hook.index("elif is_hip()")]
     assert "envs.SGLANG_OPT_USE_TOPK_V2.set(False)" in sm120 and "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.set(True)" in sm120
     assert dk.hook_flags(True, False) == {dk.TOPK_V2: False, dk.LOGITS_TORCH: True}
-    topk = _sglang_source("sglang/jit_kernel/dsv4/topk.py")
+    topk = sglang_source("sglang/jit_kernel/dsv4/topk.py")
     assert 'assert topk in (512, 1024), "Only support topk=512 or 1024"' in topk
 
 
 def test_the_contract_check_covers_every_sglang_symbol_the_runner_imports():
-    from opcollect.backends.symbols import Release, check, runner_uses
-
-    backends = ROOT / "src" / "opcollect" / "backends"
-    uses = [u for u in runner_uses(backends / "sglang", ("sglang", "sgl_kernel"), ROOT) if "dsv4_kernels" in u.where]
+    uses = sglang_uses("dsv4_kernels")
     labels = {u.label for u in uses}
     assert {
         "sglang.srt.environ.envs",
@@ -366,7 +330,4 @@ def test_the_contract_check_covers_every_sglang_symbol_the_runner_imports():
         "sglang.srt.layers.attention.dsv4.indexer",
         "sglang.srt.layers.attention.dsa.dsa_indexer",
     } <= labels
-    sglang = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    kernel = sorted(WHEELS.glob("sglang_kernel-0.4.4-*.whl"))
-    if sglang and kernel:
-        assert check(uses, Release(sglang[-1], kernel[-1])) == []
+    assert pinned_problems(uses) == []

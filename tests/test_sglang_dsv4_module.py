@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, install_fakes
+from conftest import install_fakes
+from fake_sglang import Field, pinned_problems, sglang_source, sglang_uses
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.sglang import RUNNERS, dsv4
@@ -28,7 +29,6 @@ from opcollect.runtime.contract import KernelLimit
 
 torch = pytest.importorskip("torch")
 
-WHEELS = ROOT / ".cache" / "wheels"
 FLASH, PRO = "sgl-project/DeepSeek-V4-Flash-FP8", "sgl-project/DeepSeek-V4-Pro-FP8"
 ARCH = "DeepseekV4ForCausalLM"
 
@@ -36,24 +36,6 @@ ARCH = "DeepseekV4ForCausalLM"
 def case(batch=2, isl=5, step=300, tp=2, ratio=4, gemm="fp8_block", model=FLASH, labels=("bfloat16", "fp8_e4m3")):
     native = inputs.MODELS[model]["num_attention_heads"] if model in inputs.MODELS else 64
     return Dsv4ModuleCase(model, ARCH, *labels, gemm, native // tp, batch, isl, tp, step, ratio)
-
-
-class Field:
-    """An EnvField (srt/environ.py:41-98): get and override."""
-
-    def __init__(self, default):
-        self.value = default
-
-    def get(self):
-        return self.value
-
-    @contextmanager
-    def override(self, value):
-        before, self.value = self.value, value
-        try:
-            yield
-        finally:
-            self.value = before
 
 
 class FakeSgl:
@@ -374,27 +356,14 @@ def test_sglangs_dsv4_module_ops_leave_runner_pending(planner):
 # --- the pinned wheel ---
 
 
-def _sglang_source(rel: str) -> str:
-    unpacked = sorted(WHEELS.glob("sglang-0.5.14-*.unpacked"))
-    if unpacked:
-        return (unpacked[-1] / rel).read_text()
-    wheels = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    if not wheels:
-        pytest.skip("no pinned SGLang wheel in .cache/wheels; `nox -s contract-sglang` downloads it (.ci/run does)")
-    import zipfile
-
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        return wheel.read(rel).decode()
-
-
 def test_the_pinned_wheels_facts_are_what_the_runner_models():
-    model = _sglang_source("sglang/srt/models/deepseek_v4.py")
+    model = sglang_source("sglang/srt/models/deepseek_v4.py")
     assert "_FP8_WO_A_GEMM = envs.SGLANG_OPT_FP8_WO_A_GEMM.get()" in model
     assert "self.tp_size = attn_tp_size = get_parallel().attn_tp_size" in model
     assert "padded_num_heads = 64 if self.n_local_heads <= 64 else self.n_heads" in model
     assert "num_alt_streams = 5 if _is_cuda else 2" in model
     assert "and x.shape[0] <= self._multi_stream_bs_limit" in model and "get_is_capture_mode()" in model
-    backend = _sglang_source("sglang/srt/layers/attention/deepseek_v4_backend.py")
+    backend = sglang_source("sglang/srt/layers/attention/deepseek_v4_backend.py")
     assert 'assert self.page_size == 256, "the system hardcodes page_size=256"' in backend
     assert "self.MAX_SEQ_LEN_FOR_CAPTURE = self.req_to_token.shape[1]" in backend
     for read in ("model_runner.model_config.head_dim", "model_runner.model_config.v_head_dim",
@@ -404,21 +373,18 @@ def test_the_pinned_wheels_facts_are_what_the_runner_models():
                  "model_runner.server_args.speculative_num_draft_tokens"):  # fmt: skip
         assert read in backend  # every read of the model runner the stand-in answers
     assert backend.count("model_runner.") == 14  # and no other read (with the listed ones, 14 in all)
-    allocator = _sglang_source("sglang/srt/mem_cache/allocator/swa.py")
+    allocator = sglang_source("sglang/srt/mem_cache/allocator/swa.py")
     assert "self._kvcache.register_mapping(self.full_to_swa_index_mapping)" in allocator
-    memory = _sglang_source("sglang/srt/mem_cache/deepseek_v4_memory_pool.py")
+    memory = sglang_source("sglang/srt/mem_cache/deepseek_v4_memory_pool.py")
     assert "return 8 if compress_ratio == 4 else 128" in memory
-    configurator = _sglang_source("sglang/srt/model_executor/pool_configurator.py")
+    configurator = sglang_source("sglang/srt/model_executor/pool_configurator.py")
     assert "c4_state_pool_size=swa_tokens // self.swa_page_size * self.c4_ring_size" in configurator
-    common = _sglang_source("sglang/srt/mem_cache/common.py")
+    common = sglang_source("sglang/srt/mem_cache/common.py")
     assert "extra = 4 + (server_args.max_speculative_num_draft_tokens or 0)" in common
 
 
 def test_the_contract_check_covers_every_sglang_symbol_the_runner_imports():
-    from opcollect.backends.symbols import Release, check, runner_uses
-
-    backends = ROOT / "src" / "opcollect" / "backends"
-    uses = [u for u in runner_uses(backends / "sglang", ("sglang", "sgl_kernel"), ROOT) if "dsv4.py" in u.where]
+    uses = sglang_uses("dsv4.py")
     labels = {u.label for u in uses}
     assert {
         "sglang.srt.models.deepseek_v4.MQALayer",
@@ -430,7 +396,4 @@ def test_the_contract_check_covers_every_sglang_symbol_the_runner_imports():
         "sglang.srt.model_executor.forward_context.forward_context",
         "sglang.srt.model_executor.runner.model_capture_mode",
     } <= labels
-    sglang = sorted(WHEELS.glob("sglang-0.5.14-*.whl"))
-    kernel = sorted(WHEELS.glob("sglang_kernel-0.4.4-*.whl"))
-    if sglang and kernel:
-        assert check(uses, Release(sglang[-1], kernel[-1])) == []
+    assert pinned_problems(uses) == []

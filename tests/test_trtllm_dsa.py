@@ -8,8 +8,6 @@ import, the source assumptions are read from the installed package, and TensorRT
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 import gc
 import json
 import math
@@ -18,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import ROOT, cases_of, install_fakes
+from conftest import ROOT, cases_of
+from fake_trtllm import WORLD_SYMBOLS, Linear, TrtllmWorld, fake_fixture, installed, package_tree
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.trtllm import dsa, mla_inputs, torch_ops
@@ -45,30 +44,16 @@ def gen(arch=V32, heads=32, batch=3, step=4096, **kw):
     return case(arch, heads, batch, 1, step, op="dsa_generation_module", **kw)
 
 
-class FakeTrtllm:
-    """tensorrt_llm's modules the runner imports, recording what it hands them."""
+class FakeTrtllm(TrtllmWorld):
+    """tensorrt_llm's DeepSeek modules the runner imports, recording what it hands them."""
 
     def __init__(self, capability=(9, 0), new_signature=True, sparse_fields=("indexer_rope_interleave",)):
-        self.capability, self.new_signature, self.sparse_fields = capability, new_signature, sparse_fields
-        self.events: list = []
-        self.model_configs: list = []
-        self.layers: list = []
-        self.managers: list = []
-        self.metadata: list = []
-        self.forwards: list = []
-        self.current: dict | None = None
+        super().__init__(capability)
+        self.new_signature, self.sparse_fields = new_signature, sparse_fields
         self.dense = False  # build the dense DeepseekV3Attention whatever the model type
 
     def install(self, monkeypatch) -> None:
         fake = self
-
-        class QuantConfig:
-            def __init__(self, **kw):
-                self.quant_algo, self.exclude_modules = kw.get("quant_algo"), kw.get("exclude_modules")
-                self.kv_cache_quant_algo = kw.get("kv_cache_quant_algo")
-
-            def is_module_excluded_from_quantization(self, name):
-                return any(fnmatch.fnmatch(name, p) for p in self.exclude_modules or ())
 
         class SparseConfig:
             model_fields = dict.fromkeys(("index_n_heads", "index_head_dim", "index_topk", *fake.sparse_fields))
@@ -79,26 +64,11 @@ class FakeTrtllm:
             def to_sparse_metadata_params(self, pretrained_config=None):
                 return SimpleNamespace(config=self, pretrained=pretrained_config)
 
-        class ModelConfig:
-            def __init__(self, **kw):
-                self.__dict__.update(kw)
-                self.kw, self.extra_attrs = kw, {}
-                fake.model_configs.append(self)
-
+        class ModelConfig(self.model_config_class()):
             @property
             def enable_flash_mla(self):  # model_config.py: TRTLLM, a 576-wide latent, SM90
                 p = self.pretrained_config
                 return p.kv_lora_rank + p.qk_rope_head_dim == 576 and fake.capability == (9, 0)
-
-        class Linear(torch.nn.Module):
-            def __init__(self, n, k, quant):
-                super().__init__()
-                self.shape, self.quant_config = (n, k), quant
-
-            def create_weights(self):
-                fp8 = getattr(self.quant_config, "quant_algo", None) == "FP8_BLOCK_SCALES"
-                dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-                self.weight = torch.nn.Parameter(torch.zeros(self.shape, dtype=dtype), requires_grad=False)
 
         class Metadata:
             def __init__(self, **kw):
@@ -137,8 +107,7 @@ class FakeTrtllm:
                 fake.events.append(("post_load", float(self.kv_b_proj.weight.float().abs().sum())))
 
             def forward(self, position_ids, hidden_states, attn_metadata):
-                registered = fake.current["attention_metadata"]()
-                fake.forwards.append((position_ids, hidden_states, attn_metadata, registered))
+                fake.forward(position_ids, hidden_states, attn_metadata)
 
         class DeepseekV32Attention(MLA):
             def __init__(self, config):
@@ -154,73 +123,27 @@ class FakeTrtllm:
                 super().__init__()
                 v32 = model_config.pretrained_config.model_type == "deepseek_v32" and not fake.dense
                 self.self_attn = (DeepseekV32Attention if v32 else DeepseekV3Attention)(model_config)
-                fake.layers.append(SimpleNamespace(layer_idx=layer_idx, streams=aux_stream_dict, module=self.self_attn))
+                fake.built(layer_idx, aux_stream_dict, self.self_attn)
 
-        class Manager:
-            def __init__(self, cache_config, cache_type, **kw):
-                self.cache_config, self.cache_type, self.kw = cache_config, cache_type, kw
-                fake.managers.append(self)
-
+        class Manager(self.manager_class()):
             def add_dummy_requests(self, ids, token_nums=None):
-                self.requests = (ids, token_nums)
-                return [] if not fake.events.count("full") else None
+                return self.added(ids, token_nums)
 
-            def shutdown(self):
-                fake.events.append("shutdown")
+        manager_cls = self.manager_cls_of(Manager)
+        if not self.new_signature:
 
-        if self.new_signature:
-
-            def get_kv_cache_manager_cls(model_config, kv_cache_config, is_disagg=False):
-                fake.events.append(("manager_cls", model_config, kv_cache_config))
-                return Manager
-        else:
-
-            def get_kv_cache_manager_cls(model_config):
+            def manager_cls(model_config):
                 fake.events.append(("manager_cls", model_config, None))
                 return Manager
 
-        @contextlib.contextmanager
-        def model_extra_attrs(attrs):
-            previous, fake.current = fake.current, attrs
-            try:
-                yield
-            finally:
-                fake.current = previous
-
-        def record(**kw):
-            return SimpleNamespace(**kw)
-
-        install_fakes(monkeypatch, {
-            "tensorrt_llm.models.modeling_utils": {"QuantConfig": QuantConfig, "QuantAlgo": {
-                "FP8": "FP8", "FP8_BLOCK_SCALES": "FP8_BLOCK_SCALES", "NVFP4": "NVFP4"}},
-            "tensorrt_llm.mapping": {"Mapping": record},
+        self.install_world(monkeypatch, {
             "tensorrt_llm._torch.model_config": {"ModelConfig": ModelConfig,
                                                  "DeepSeekSparseAttentionConfig": SparseConfig},
             "tensorrt_llm._torch.models.modeling_deepseekv3": {"DeepseekV3DecoderLayer": DeepseekV3DecoderLayer},
-            "tensorrt_llm._torch.utils": {"AuxStreamType": SimpleNamespace(
-                Attention="attention", MoeShared="moe_shared", MoeChunkingOverlap="moe_chunking"),
-                "model_extra_attrs": model_extra_attrs},
-            "tensorrt_llm._torch.pyexecutor._util": {"get_kv_cache_manager_cls": get_kv_cache_manager_cls},
-            "tensorrt_llm._torch.pyexecutor.resource_manager": {
-                "CacheTypeCpp": SimpleNamespace(SELFKONLY="SELFKONLY"),
-                "DataType": SimpleNamespace(FP8="FP8", BF16="BF16"), "KvCacheConfig": record},
-            "tensorrt_llm._torch.attention_backend.interface": {"AttentionRuntimeFeatures": record},
-            "tensorrt_llm._torch.metadata": {"KVCacheParams": record},
-        })  # fmt: skip
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: fake.capability)
-        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: ("stream", device))
-        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: fake.events.append("sync"))
-        monkeypatch.setattr(torch_ops, "check_installed", lambda op, root=None: fake.events.append(("checked", op)))
+        }, manager_cls, "SELFKONLY", ("FP8", "BF16"))  # fmt: skip
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    release_pending()
-    found = FakeTrtllm()
-    found.install(monkeypatch)
-    yield found
-    release_pending()
-    gc.collect()
+fake = fake_fixture(FakeTrtllm)
 
 
 def config_json(name: str) -> dict:
@@ -280,9 +203,7 @@ def test_builds_layer_0s_dsa_attention_as_the_collector_does(fake, arch):
 
 
 def test_an_older_sparse_config_is_given_only_the_fields_it_has(monkeypatch):
-    release_pending()
-    older = FakeTrtllm(sparse_fields=())
-    older.install(monkeypatch)
+    older = installed(FakeTrtllm, monkeypatch, sparse_fields=())
     dsa.prepare(case(GLM), "default", "cpu", 1, context=True)
     assert "indexer_rope_interleave" not in older.model_configs[0].sparse_attention_config.kw
     release_pending()
@@ -359,9 +280,7 @@ def test_a_prefill_without_a_prefix_takes_no_cache_reuse(fake):
 
 
 def test_the_older_manager_lookup_takes_the_model_config_alone(monkeypatch):
-    release_pending()
-    older = FakeTrtllm(new_signature=False)
-    older.install(monkeypatch)
+    older = installed(FakeTrtllm, monkeypatch, new_signature=False)
     dsa.prepare(case(), "default", "cpu", 1, context=True)
     assert [e[2] for e in older.events if e[0] == "manager_cls"] == [None] and len(older.managers) == 1
     release_pending()
@@ -446,14 +365,6 @@ def test_footprint_by_hand():
     assert inputs.footprint(case()._replace(architecture="DeepseekV3ForCausalLM"), True) == 0  # refused later
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / "tensorrt_llm" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root / "tensorrt_llm"
-
-
 LAYER = "class DeepseekV3DecoderLayer:\n    def __init__(self, c):\n        if c.model_type == 'deepseek_v32': pass\n"
 UTIL = (
     "def get_kv_cache_manager_cls(model_config, kv_cache_config):\n"
@@ -477,17 +388,17 @@ def test_the_source_assumptions_hold_in_either_layout_and_name_what_broke(tmp_pa
         else {sparse + "dsa.py": MANAGER + METADATA}
     )
     good = {"_torch/models/modeling_deepseekv3.py": LAYER, "_torch/pyexecutor/_util.py": UTIL, **dsa_files}
-    root = _tree(tmp_path / "good", good)
+    root = package_tree(tmp_path / "good", good)
     for op in OPS:
         assert torch_ops.problems(root, op) == []
         torch_ops.check_installed(op, root)
     renamed = {**good, **{k: v.replace("sparse_attention_config=None", "sparse_attn_config=None")
                           for k, v in dsa_files.items()}}  # fmt: skip
-    (line,) = torch_ops.problems(_tree(tmp_path / "renamed", renamed), "dsa_generation_module")
+    (line,) = torch_ops.problems(package_tree(tmp_path / "renamed", renamed), "dsa_generation_module")
     assert "DSACacheManager.__init__ no longer uses sparse_attention_config" in line
     dense = {**good, "_torch/models/modeling_deepseekv3.py": LAYER.replace("deepseek_v32", "deepseek_v3")}
     with pytest.raises(KernelLimit, match="DeepseekV3DecoderLayer no longer uses deepseek_v32"):
-        torch_ops.check_installed("dsa_context_module", _tree(tmp_path / "dense", dense))
+        torch_ops.check_installed("dsa_context_module", package_tree(tmp_path / "dense", dense))
 
 
 def test_registered_for_both_pins_with_the_footprint_of_the_phase():
@@ -547,13 +458,7 @@ def test_the_contract_check_covers_every_symbol_the_runner_imports():
         "tensorrt_llm._torch.model_config.ModelConfig",
         "tensorrt_llm._torch.model_config.DeepSeekSparseAttentionConfig",
         "tensorrt_llm._torch.models.modeling_deepseekv3.DeepseekV3DecoderLayer",
-        "tensorrt_llm._torch.pyexecutor._util.get_kv_cache_manager_cls",
-        "tensorrt_llm._torch.pyexecutor.resource_manager.KvCacheConfig",
-        "tensorrt_llm._torch.attention_backend.interface.AttentionRuntimeFeatures",
-        "tensorrt_llm._torch.metadata.KVCacheParams",
-        "tensorrt_llm._torch.utils.model_extra_attrs",
-        "tensorrt_llm._torch.utils.AuxStreamType",
-    }
+    } | WORLD_SYMBOLS
     keywords = {kw for u in uses if u.label.endswith("ModelConfig") for kw in u.keywords}
     assert {"pretrained_config", "sparse_attention_config", "skip_create_weights_in_init", "max_seq_len"} <= keywords
     assert check(uses, Release(TREE)) == []

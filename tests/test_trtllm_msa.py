@@ -9,7 +9,6 @@ MSA ops are planned."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import json
@@ -17,7 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, cases_of, install_fakes
+from conftest import ROOT, cases_of
+from fake_trtllm import WORLD_SYMBOLS, Linear, TrtllmWorld, fake_fixture, installed, package_tree
 
 from opcollect.backends import kernels as kt
 from opcollect.backends.trtllm import msa, torch_ops
@@ -43,27 +43,17 @@ def gen(heads=16, batch=3, step=4095, **kw):
     return case(heads, batch, 1, step, **kw)
 
 
-class FakeTrtllm:
-    """tensorrt_llm's modules the runner imports, recording what it hands them."""
+class FakeTrtllm(TrtllmWorld):
+    """tensorrt_llm's MiniMax-M3 modules the runner imports, recording what it hands them."""
 
     def __init__(self, capability=(9, 0), implementation=True):
-        self.capability, self.implementation = capability, implementation
-        self.events: list = []
-        self.model_configs: list = []
-        self.layers: list = []
-        self.managers: list = []
-        self.metadata: list = []
-        self.forwards: list = []
-        self.current: dict | None = None
+        super().__init__(capability)
+        self.implementation = implementation
         self.swap_backend = False  # build the other route's backend than the config asks
         self.no_attachment = False
 
     def install(self, monkeypatch) -> None:
         fake = self
-
-        class QuantConfig:
-            def __init__(self, **kw):
-                self.quant_algo, self.kv_cache_quant_algo = kw.get("quant_algo"), kw.get("kv_cache_quant_algo")
 
         class SparseConfig:
             model_fields = dict.fromkeys(
@@ -78,12 +68,6 @@ class FakeTrtllm:
 
             def to_sparse_metadata_params(self, pretrained_config=None):
                 return SimpleNamespace(config=self, pretrained=pretrained_config)
-
-        class ModelConfig:
-            def __init__(self, **kw):
-                self.__dict__.update(kw)
-                self.kw, self.extra_attrs = kw, {}
-                fake.model_configs.append(self)
 
         @dataclasses.dataclass
         class TritonMetadata:  # triton_metadata.py: prepare() attaches attn_metadata.minimax_m3
@@ -126,16 +110,6 @@ class FakeTrtllm:
         class MiniMaxM3MsaSparseAttention:
             Metadata = MiniMaxM3MsaSparseAttentionMetadata
 
-        class Linear(torch.nn.Module):
-            def __init__(self, n, k, quant):
-                super().__init__()
-                self.shape, self.quant_config = (n, k), quant
-
-            def create_weights(self):
-                fp8 = getattr(self.quant_config, "quant_algo", None) == "FP8_BLOCK_SCALES"
-                dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-                self.weight = torch.nn.Parameter(torch.zeros(self.shape, dtype=dtype), requires_grad=False)
-
         class MiniMaxM3Attention(torch.nn.Module):
             def __init__(self, config, sparse):
                 super().__init__()
@@ -153,8 +127,7 @@ class FakeTrtllm:
                 fake.events.append(("post_load", float(self.qkv_proj.weight.float().abs().sum())))
 
             def forward(self, position_ids, hidden_states, attn_metadata):
-                registered = fake.current["attention_metadata"]()
-                fake.forwards.append((position_ids, hidden_states, attn_metadata, registered))
+                fake.forward(position_ids, hidden_states, attn_metadata)
 
         class MiniMaxM3DecoderLayer(torch.nn.Module):
             def __init__(self, model_config, layer_idx, aux_stream_dict):
@@ -162,75 +135,25 @@ class FakeTrtllm:
                 p = model_config.pretrained_config
                 sparse = p.sparse_attention_config["sparse_attention_freq"][layer_idx] == 1
                 self.self_attn = MiniMaxM3Attention(model_config, sparse)
-                fake.layers.append(SimpleNamespace(layer_idx=layer_idx, streams=aux_stream_dict, module=self.self_attn))
+                fake.built(layer_idx, aux_stream_dict, self.self_attn)
 
-        class Manager:
-            def __init__(self, cache_config, cache_type, **kw):
-                self.cache_config, self.cache_type, self.kw = cache_config, cache_type, kw
-                fake.managers.append(self)
-
+        class Manager(self.manager_class()):
             def add_dummy_requests(self, token_nums=None, request_ids=None, is_gen=False):
-                self.requests = (request_ids, token_nums, is_gen)
-                return None if "full" in fake.events else []
-
-            def shutdown(self):
-                fake.events.append("shutdown")
-
-        def get_kv_cache_manager_cls(model_config, kv_cache_config, is_disagg=False):
-            fake.events.append(("manager_cls", model_config, kv_cache_config))
-            return Manager
-
-        @contextlib.contextmanager
-        def model_extra_attrs(attrs):
-            previous, fake.current = fake.current, attrs
-            try:
-                yield
-            finally:
-                fake.current = previous
-
-        def record(**kw):
-            return SimpleNamespace(**kw)
+                return self.added(request_ids, token_nums, is_gen)
 
         class PretrainedConfig:  # transformers' base config: attributes set one by one
             pass
 
-        install_fakes(monkeypatch, {
+        self.install_world(monkeypatch, {
             "transformers": {"PretrainedConfig": PretrainedConfig},
-            "tensorrt_llm.models.modeling_utils": {"QuantConfig": QuantConfig, "QuantAlgo": {
-                "FP8": "FP8", "FP8_BLOCK_SCALES": "FP8_BLOCK_SCALES", "NVFP4": "NVFP4"}},
-            "tensorrt_llm.mapping": {"Mapping": record},
             "tensorrt_llm.llmapi.llm_args": {"MiniMaxM3SparseAttentionConfig": SparseConfig},
-            "tensorrt_llm._torch.model_config": {"ModelConfig": ModelConfig},
+            "tensorrt_llm._torch.model_config": {"ModelConfig": self.model_config_class()},
             "tensorrt_llm._torch.models.modeling_minimaxm3": {"MiniMaxM3DecoderLayer": MiniMaxM3DecoderLayer},
-            "tensorrt_llm._torch.utils": {"AuxStreamType": SimpleNamespace(
-                Attention="attention", MoeShared="moe_shared", MoeChunkingOverlap="moe_chunking"),
-                "model_extra_attrs": model_extra_attrs},
-            "tensorrt_llm._torch.pyexecutor._util": {"get_kv_cache_manager_cls": get_kv_cache_manager_cls},
-            "tensorrt_llm._torch.pyexecutor.resource_manager": {
-                "CacheTypeCpp": SimpleNamespace(SELF="SELF"),
-                "DataType": SimpleNamespace(BF16="BF16"), "KvCacheConfig": record},
-            "tensorrt_llm._torch.attention_backend.interface": {"AttentionRuntimeFeatures": record},
-            "tensorrt_llm._torch.metadata": {"KVCacheParams": record},
             "tensorrt_llm.version": {"__version__": "1.3.0rc20" if not fake.implementation else "1.3.0rc23"},
-        })  # fmt: skip
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: fake.capability)
-        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: ("stream", device))
-        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: fake.events.append("sync"))
-        monkeypatch.setattr(torch_ops, "check_installed", lambda op, root=None: fake.events.append(("checked", op)))
+        }, self.manager_cls_of(Manager), "SELF", ("BF16",))  # fmt: skip
 
 
-def _fake(monkeypatch, **kw) -> FakeTrtllm:
-    release_pending()
-    found = FakeTrtllm(**kw)
-    found.install(monkeypatch)
-    return found
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    yield _fake(monkeypatch)
-    release_pending()
-    gc.collect()
+fake = fake_fixture(FakeTrtllm)
 
 
 def test_the_config_fields_are_the_checkpoints():
@@ -299,7 +222,7 @@ def test_the_triton_route_builds_the_collectors_layer_cache_and_metadata(fake):
 
 
 def test_the_msa_route_on_sm100(monkeypatch):
-    fake = _fake(monkeypatch, capability=(10, 0))
+    fake = installed(FakeTrtllm, monkeypatch, capability=(10, 0))
     prefill = msa.prepare(case(heads=64, step=0), "msa_fmha_sm100", "cpu", 1, context=True)
     assert prefill.kernel_source == "msa_fmha_sm100" and not prefill.graph_safe  # serving prefills it eagerly
     assert fake.model_configs[0].sparse_attention_config.kw["implementation"] == "msa"
@@ -338,7 +261,7 @@ def test_a_full_pool_shuts_the_manager_down(fake):
 def test_a_version_without_the_route_is_refused_naming_it(monkeypatch):
     from opcollect.backends import trtllm
 
-    _fake(monkeypatch, implementation=False)
+    installed(FakeTrtllm, monkeypatch, implementation=False)
     with pytest.raises(KernelLimit, match=r"TensorRT-LLM 1\.3\.0rc20's MiniMaxM3SparseAttentionConfig has no impl"):
         msa.prepare(case(), "default", "cpu", 1, context=True)
     release_pending()
@@ -401,14 +324,6 @@ def test_footprint_by_hand():
     assert inputs.footprint(case()._replace(architecture="X"), True) == 0  # refused later
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / "tensorrt_llm" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root / "tensorrt_llm"
-
-
 LAYER = (
     "class MiniMaxM3DecoderLayer:\n    def __init__(self, c, i, s):\n        _, ids = get_sparse_layer_ids(c)\n"
     "        self.self_attn = MiniMaxM3Attention(c, is_sparse_attention_layer=i in ids)\n"
@@ -427,16 +342,16 @@ def test_the_source_assumptions_name_what_broke(tmp_path):
         "llmapi/llm_args.py": ARGS,
         "_torch/pyexecutor/_util.py": UTIL,
     }
-    root = _tree(tmp_path / "good", good)
+    root = package_tree(tmp_path / "good", good)
     for op in OPS:
         assert torch_ops.problems(root, op) == []
         torch_ops.check_installed(op, root)
     rc20 = {**good, "llmapi/llm_args.py": ARGS.replace("    implementation: str = 'triton'\n", "")}
-    (line,) = torch_ops.problems(_tree(tmp_path / "rc20", rc20), "msa_generation_module")
+    (line,) = torch_ops.problems(package_tree(tmp_path / "rc20", rc20), "msa_generation_module")
     assert "llm_args.py: MiniMaxM3SparseAttentionConfig no longer uses implementation" in line
     dense = {**good, "_torch/models/modeling_minimaxm3.py": LAYER.replace("is_sparse_attention_layer=", "dense=")}
     with pytest.raises(KernelLimit, match="MiniMaxM3DecoderLayer no longer uses is_sparse_attention_layer="):
-        torch_ops.check_installed("msa_context_module", _tree(tmp_path / "dense", dense))
+        torch_ops.check_installed("msa_context_module", package_tree(tmp_path / "dense", dense))
 
 
 def test_the_labels_name_the_routes_kernels():
@@ -477,17 +392,15 @@ def test_the_contract_check_covers_every_symbol_the_runner_imports():
     found = runner_uses(ROOT / "src" / "opcollect" / "backends" / "trtllm", ("tensorrt_llm",), ROOT)
     uses = [u for u in found if "/msa.py" in u.where or "/mla_module.py" in u.where]
     labels = {u.label for u in uses if not u.attribute}
-    assert labels >= {
-        "tensorrt_llm._torch.model_config.ModelConfig",
-        "tensorrt_llm.llmapi.llm_args.MiniMaxM3SparseAttentionConfig",
-        "tensorrt_llm._torch.models.modeling_minimaxm3.MiniMaxM3DecoderLayer",
-        "tensorrt_llm._torch.pyexecutor._util.get_kv_cache_manager_cls",
-        "tensorrt_llm._torch.pyexecutor.resource_manager.KvCacheConfig",
-        "tensorrt_llm._torch.attention_backend.interface.AttentionRuntimeFeatures",
-        "tensorrt_llm._torch.metadata.KVCacheParams",
-        "tensorrt_llm._torch.utils.model_extra_attrs",
-        "tensorrt_llm._torch.utils.AuxStreamType",
-    }
+    assert (
+        labels
+        >= {
+            "tensorrt_llm._torch.model_config.ModelConfig",
+            "tensorrt_llm.llmapi.llm_args.MiniMaxM3SparseAttentionConfig",
+            "tensorrt_llm._torch.models.modeling_minimaxm3.MiniMaxM3DecoderLayer",
+        }
+        | WORLD_SYMBOLS
+    )
     assert not any("msa_backend" in label or "minimax_m3" in label for label in labels)
     keywords = {kw for u in uses if u.label.endswith("ModelConfig") for kw in u.keywords}
     assert {"pretrained_config", "sparse_attention_config", "skip_create_weights_in_init", "max_seq_len"} <= keywords

@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import ROOT, install_fakes
+from conftest import ROOT
 from fake_frameworks import VllmWorld
 
 from opcollect.backends import kernels as kt
-from opcollect.backends.vllm import context, dsa
+from opcollect.backends.vllm import dsa
 from opcollect.backends.vllm import dsa_inputs as inputs
 from opcollect.plans.dsa import DIMS, DsaModuleCase
 from opcollect.plans.planner import PlanOptions
@@ -179,10 +179,9 @@ class FakeVllm(VllmWorld):
             fake.manager = None
             fake.events.append("reset")
 
-        install_fakes(
+        self.install_world(
             monkeypatch,
             {
-                **self.vllm_modules(),
                 "vllm.v1.worker.workspace": {
                     "init_workspace_manager": init_manager,
                     "reset_workspace_manager": reset_manager,
@@ -199,7 +198,6 @@ class FakeVllm(VllmWorld):
                 "vllm.platforms": {"current_platform": SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn)},
             },
         )
-        monkeypatch.setattr(context, "_initialised", {"cpu"})  # no process group for the stand-in
 
 
 @pytest.fixture

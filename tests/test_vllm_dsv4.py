@@ -9,7 +9,6 @@ what vLLM chose. Where the pinned wheel is at hand (.cache/wheels), the runner's
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -17,11 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, install_fakes
+from conftest import ROOT
 from fake_frameworks import CUDAGraphMode, VllmWorld
 
 from opcollect.backends import kernels as kt
-from opcollect.backends.vllm import context, dsv4, msa
+from opcollect.backends.vllm import dsv4, msa
 from opcollect.backends.vllm import dsv4_inputs as inputs
 from opcollect.plans.dsv4 import DIMS, Dsv4ModuleCase
 from opcollect.plans.dsv4_kernels import Dsv4KernelCase
@@ -110,7 +109,6 @@ class FakeVllm(VllmWorld):
         self.calls: list = []
         self.attends: list = []
         self.logits: list = []
-        self.captures: list = []
 
     def install(self, monkeypatch) -> None:
         fake = self
@@ -118,41 +116,8 @@ class FakeVllm(VllmWorld):
         swa, indexer_backend = Backend(self, "DEEPSEEK_SPARSE_SWA", (64,)), Backend(self, "DEEPSEEK_V4_INDEXER")
         compressor_backend = Backend(self, "COMPRESSOR", (4, 8))
 
-        class Capture:  # BreakableCUDAGraphCapture (compilation/breakable_cudagraph.py:125-230)
-            active = None
-
-            def __init__(self, pool=None):
-                self.kinds, self.eager = [], []
-                fake.captures.append(self)
-
-            def __enter__(self):
-                Capture.active = self
-                self.kinds.append("graph")
-                return self
-
-            def __exit__(self, *exc):
-                Capture.active = None
-
-            def add_eager(self, fn):
-                self.kinds += ["eager", "graph"]
-                self.eager.append(fn)
-                return fn()
-
-            def replay(self):
-                for fn in self.eager:
-                    fn()
-
-        def eager_break_during_capture(fn):  # breakable_cudagraph.py:59-117, imported with breakable graphs on
-            if os.environ.get(msa.BREAKABLE) != "1":
-                return fn
-
-            @functools.wraps(fn)
-            def wrapper(*args):
-                if Capture.active is None or fake.forward.mode == CUDAGraphMode.FULL:
-                    return fn(*args)
-                return Capture.active.add_eager(lambda: fn(*args))
-
-            return wrapper
+        # the attention breaks a capture when imported with the env the runner sets
+        Capture, eager_break_during_capture = self.breakable_capture(lambda: os.environ.get(msa.BREAKABLE) == "1")
 
         def compressor(ratio, dim, prefix):  # DeepseekCompressor's state cache (compressor.py:121-175, :240-245)
             coff = 2 if ratio == 4 else 1
@@ -230,10 +195,9 @@ class FakeVllm(VllmWorld):
             fake.logits.append(dict(q=q, kv=kv_cache, weights=weights, lens=context_lens, table=block_tables,
                                     schedule=schedule, max_model_len=max_model_len, clean=clean_logits))  # fmt: skip
 
-        install_fakes(
+        self.install_world(
             monkeypatch,
             {
-                **self.vllm_modules(),
                 "vllm.v1.worker.workspace": {
                     "init_workspace_manager": lambda device: None,
                     "reset_workspace_manager": lambda: None,
@@ -255,16 +219,12 @@ class FakeVllm(VllmWorld):
                 "vllm.utils.platform_utils": {"num_compute_units": lambda device_id=0: 132},
             },
         )
-        monkeypatch.setattr(context, "_initialised", {"cpu"})  # no process group for the stand-in
         monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: SimpleNamespace(device=device))  # no GPU
 
 
 @pytest.fixture
 def fake(monkeypatch):
-    monkeypatch.delenv(msa.BREAKABLE, raising=False)
-    vllm = FakeVllm()
-    vllm.install(monkeypatch)
-    return vllm
+    return FakeVllm.installed(monkeypatch)
 
 
 def test_the_config_keys_are_the_checkpoints():

@@ -10,7 +10,6 @@ the behaviours the runner relies on are read from it."""
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, install_fakes
+from conftest import ROOT
 from fake_frameworks import CUDAGraphMode, VllmWorld
 
 from opcollect.backends import kernels as kt
@@ -64,7 +63,6 @@ class FakeVllm(VllmWorld):
         self.builders: list = []  # (kind, spec, layer names, what the builder read)
         self.calls: list = []  # each module forward
         self.attends: list = []  # each run of the indexer + attend: the caches it read
-        self.captures: list = []
 
     def builder(self, kind):
         fake = self
@@ -87,41 +85,8 @@ class FakeVllm(VllmWorld):
         main_backend = Backend("MINIMAX_M3_SPARSE", lambda n, b, h, d: (n, 2, b, h, d), self.builder("MAIN"))
         index_backend = Backend("MINIMAX_M3_SPARSE_INDEXER", lambda n, b, h, d: (n, b, d), self.builder("INDEX"))
 
-        class Capture:  # BreakableCUDAGraphCapture (compilation/breakable_cudagraph.py:125-230)
-            active = None
-
-            def __init__(self, pool=None):
-                self.kinds, self.eager = [], []
-                fake.captures.append(self)
-
-            def __enter__(self):
-                Capture.active = self
-                self.kinds.append("graph")
-                return self
-
-            def __exit__(self, *exc):
-                Capture.active = None
-
-            def add_eager(self, fn):
-                self.kinds += ["eager", "graph"]
-                self.eager.append(fn)
-                return fn()
-
-            def replay(self):
-                for fn in self.eager:
-                    fn()
-
-        def eager_break_during_capture(fn):  # breakable_cudagraph.py:59-117, as imported with breakable graphs on
-            if not fake.breakable:
-                return fn
-
-            @functools.wraps(fn)
-            def wrapper(*args):
-                if Capture.active is None or fake.forward.mode == CUDAGraphMode.FULL:
-                    return fn(*args)
-                return Capture.active.add_eager(lambda: fn(*args))
-
-            return wrapper
+        # the attention breaks a capture when imported with breakable graphs on
+        Capture, eager_break_during_capture = self.breakable_capture(lambda: fake.breakable)
 
         class IndexCache:  # MiniMaxM3IndexerCache (common/indexer.py:111-162)
             def __init__(self, head_dim, prefix):
@@ -199,10 +164,9 @@ class FakeVllm(VllmWorld):
         class MiniMaxM3TextConfig(SimpleNamespace):  # transformers_utils/configs/minimax_m3.py:8-105
             model_type = "minimax_m3_text"
 
-        install_fakes(
+        self.install_world(
             monkeypatch,
             {
-                **self.vllm_modules(),
                 "vllm.models.minimax_m3.nvidia.model": {"__getattr__": model_getattr},
                 "vllm.transformers_utils.configs.minimax_m3": {"MiniMaxM3TextConfig": MiniMaxM3TextConfig},
                 "vllm.compilation.breakable_cudagraph": {"BreakableCUDAGraphCapture": Capture},
@@ -213,15 +177,11 @@ class FakeVllm(VllmWorld):
                 "vllm.model_executor.layers.quantization.fp8": {"Fp8Config": lambda **kw: SimpleNamespace(**kw)},
             },
         )
-        monkeypatch.setattr(context, "_initialised", {"cpu"})  # no process group for the stand-in
 
 
 @pytest.fixture
 def fake(monkeypatch):
-    monkeypatch.delenv(msa.BREAKABLE, raising=False)
-    vllm = FakeVllm()
-    vllm.install(monkeypatch)
-    return vllm
+    return FakeVllm.installed(monkeypatch)
 
 
 def test_the_config_keys_are_the_checkpoints():
@@ -345,20 +305,15 @@ def test_serving_runs_each_grid_shape_as_its_dispatcher_does():
 
 @pytest.mark.parametrize(("capability", "label"), [(90, TRITON), (100, MSA)])
 def test_the_label_is_the_impl_vllm_built(monkeypatch, capability, label):
-    monkeypatch.delenv(msa.BREAKABLE, raising=False)
-    fake = FakeVllm(capability)
-    fake.install(monkeypatch)
+    FakeVllm.installed(monkeypatch, capability=capability)
     assert msa.prepare(case(), label, "cpu", 1, True).kernel_source == label
 
 
 def test_an_attention_imported_without_its_eager_break_or_a_lost_fp8_cache_is_an_error(monkeypatch):
-    monkeypatch.delenv(msa.BREAKABLE, raising=False)
-    fake = FakeVllm(breakable=False)  # nvidia/model.py imported earlier with breakable graphs off
-    fake.install(monkeypatch)
+    FakeVllm.installed(monkeypatch, breakable=False)  # nvidia/model.py imported earlier with breakable graphs off
     with pytest.raises(RuntimeError, match="imported in this worker"):
         msa.prepare(case(), TRITON, "cpu", 1, True)
-    fake = FakeVllm()
-    fake.install(monkeypatch)
+    FakeVllm.installed(monkeypatch)
     real = msa.build_module
 
     def bf16_impl(*args):
