@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import ROOT, fake_run, run_cli
 
-from opcollect.backends.torch import RUNNERS, dsv4, dsv4_kernels, mhc
+from opcollect.backends.torch import RUNNERS, dsv4, dsv4_kernels, mhc, reference
 from opcollect.plans.dsv4_kernels import Dsv4TopkCase
 from opcollect.plans.ops import OPS
 from opcollect.runtime.contract import Runner
@@ -134,7 +134,7 @@ def test_compress_pools_each_window_by_its_softmax(ratio):
         weights = torch.softmax(torch.stack([score[:, t, p] + ape[t % ratio, p] for t, p in zip(tokens, parts)], 1), 1)
         pooled = (values * weights).sum(1)
         want = dsv4.rotate(
-            pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + dsv4.EPS) * norm, cos[c], sin[c]
+            pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + reference.EPS) * norm, cos[c], sin[c]
         )
         assert torch.allclose(got[:, c], want, atol=1e-5)
 

@@ -23,7 +23,7 @@ dsv4_paged_mqa_logits_module_perf, dsv4_hca_attn_module_perf and dsv4_csa_topk_c
 
 from __future__ import annotations
 
-from opcollect.backends.torch import dsv4
+from opcollect.backends.torch import dsv4, reference
 from opcollect.runtime.contract import Prepared
 from opcollect.runtime.timing import random_tensor
 
@@ -47,9 +47,9 @@ def paged_footprint(case) -> int:
     d = dsv4.model_dims(case)
     rows = case.batch_size * case.isl
     keys = max(1, (case.step + case.isl) // INDEX_RATIO)
-    q = rows * d.index_n_heads * (d.index_head_dim * dsv4.element_bytes(case.mla_dtype) + 4)
-    cache = case.batch_size * keys * d.index_head_dim * dsv4.element_bytes(case.kv_cache_dtype)
-    return q + cache + rows * keys * 4 + 3 * dsv4.CHUNK_ELEMENTS * 4
+    q = rows * d.index_n_heads * (d.index_head_dim * reference.element_bytes(case.mla_dtype) + 4)
+    cache = case.batch_size * keys * d.index_head_dim * reference.element_bytes(case.kv_cache_dtype)
+    return q + cache + rows * keys * 4 + 3 * reference.CHUNK_ELEMENTS * 4
 
 
 def prepare_paged(case, dispatch: str, device: str, copies: int) -> Prepared:
@@ -76,9 +76,9 @@ def hca_footprint(case) -> int:
     queries = case.batch_size * case.isl
     entries = (case.step + case.isl) // case.compress_ratio
     recent = dsv4.recent_length(case.step, case.isl, d.sliding_window)
-    q = 2 * queries * case.local_num_heads * d.head_dim * dsv4.element_bytes(case.mla_dtype)
-    cache = case.batch_size * (recent + entries) * d.head_dim * dsv4.element_bytes(case.kv_cache_dtype)
-    return q + cache + queries * (d.sliding_window + entries) * 8 + 3 * dsv4.CHUNK_ELEMENTS * 4
+    q = 2 * queries * case.local_num_heads * d.head_dim * reference.element_bytes(case.mla_dtype)
+    cache = case.batch_size * (recent + entries) * d.head_dim * reference.element_bytes(case.kv_cache_dtype)
+    return q + cache + queries * (d.sliding_window + entries) * 8 + 3 * reference.CHUNK_ELEMENTS * 4
 
 
 def prepare_hca(case, dispatch: str, device: str, copies: int) -> Prepared:
