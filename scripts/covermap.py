@@ -21,6 +21,7 @@ The map is JSON: {"tests": [node IDs], "files": {"tables/merge.py": {"12": [test
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -90,6 +91,23 @@ def _site_packages(python: str) -> Path:
     return Path(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
 
 
+@contextlib.contextmanager
+def installed_hook(site: Path):
+    """The hook module and its .pth file in ``site`` for the length of the block. A map made inside another
+    (the covermap test under an outer map's run) finds them there and leaves them: removing them would stop
+    the outer run measuring the children of every test after it."""
+    hook, pth = site / f"{HOOK}.py", site / f"{HOOK}.pth"
+    outer = pth.exists()
+    hook.write_text(HOOK_SOURCE)
+    pth.write_text(f"import {HOOK}\n")
+    try:
+        yield
+    finally:
+        if not outer:
+            pth.unlink(missing_ok=True)
+            hook.unlink(missing_ok=True)
+
+
 def _read(data_dir: Path, source: Path) -> dict:
     import coverage
 
@@ -117,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     python = _python()
     site = _site_packages(python)
-    hook, pth = site / f"{HOOK}.py", site / f"{HOOK}.pth"
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="opcollect-covermap-") as tmp:
         copy, data_dir = Path(tmp) / "project", Path(tmp) / "data"
@@ -125,15 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         data_dir.mkdir()
         _copy_project(copy)
         source = copy / "src" / "opcollect"
-        hook.write_text(HOOK_SOURCE)
-        pth.write_text(f"import {HOOK}\n")
-        try:
+        with installed_hook(site):
             env = _env(copy) | {DATA_VAR: f"{data_dir / '.coverage'}|{source}"}
             cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", HOOK, *args.pytest_args]
             done = subprocess.run(cmd, cwd=copy, env=env)
-        finally:
-            pth.unlink(missing_ok=True)
-            hook.unlink(missing_ok=True)
         found = _read(data_dir, source)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(found, separators=(",", ":")))

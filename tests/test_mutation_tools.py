@@ -23,6 +23,9 @@ def _script(name: str):
 
 
 def test_a_line_run_only_in_a_cli_child_is_charged_to_the_test_that_started_it(tmp_path):
+    covermap = _script("covermap")
+    site = covermap._site_packages(sys.executable)
+    before = sorted(site.glob(f"{covermap.HOOK}*"))  # an outer map's hook, when this runs under one
     out = tmp_path / "map.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "covermap.py"), "--out", str(out), "--", CLI_TEST]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -34,10 +37,19 @@ def test_a_line_run_only_in_a_cli_child_is_charged_to_the_test_that_started_it(t
     last = len((ROOT / "src" / "opcollect" / "__main__.py").read_text().splitlines())
     assert main_lines[str(last)] == [0]
     assert any(ids == [0] for ids in found["files"]["cli/plan.py"].values())
-    # nothing is left in the interpreter's site-packages
+    # the interpreter's site-packages is as it was
+    assert sorted(site.glob(f"{covermap.HOOK}*")) == before
+
+
+def test_a_map_made_inside_another_leaves_the_outer_hook_in_place(tmp_path):
     covermap = _script("covermap")
-    site = covermap._site_packages(sys.executable)
-    assert not list(site.glob(f"{covermap.HOOK}*"))
+    hook = tmp_path / f"{covermap.HOOK}.pth"
+    with covermap.installed_hook(tmp_path):
+        assert hook.read_text() == f"import {covermap.HOOK}\n"
+        with covermap.installed_hook(tmp_path):  # the covermap test, run by the outer map
+            pass
+        assert hook.is_file() and (tmp_path / f"{covermap.HOOK}.py").is_file()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_mapped_tests_are_those_reaching_the_snippet_else_those_reaching_the_module():
