@@ -68,6 +68,9 @@ def test_model_heads_split_per_rank(planner):
     assert origins[(1, 1, 256, 1024)] >= {"Gemma-4-31B sliding layers"}
     assert (8, 1, 192, 0) in configs and (16, 2, 512, 0) in configs  # MiMo-V2-Flash at tp 8, gemma-4 global at tp 1
     assert (64, 8, 128, 0) not in origins  # a config of the generic sweep has no model origin
+    # the sweep crosses 12 and 40 heads with 8 kv heads; only kv heads that divide the query heads are kept
+    assert all(heads % kv == 0 for heads, kv, _, _ in configs)
+    assert (12, 4, 128, 0) in configs and (12, 8, 128, 0) not in configs and (40, 8, 128, 0) in configs
     with pytest.raises(ValidationError, match="kv_heads 3 must divide num_heads 8"):
         ModelHeads(model="x", num_heads=8, kv_heads=3, head_dim=128, tp_sizes=[1])
 

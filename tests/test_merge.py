@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -270,3 +271,53 @@ def test_merge_against_the_whole_plan_leaves_a_missing_shard_partial(tmp_path):
         "merge", str(tmp_path / "r0"), "--into", str(tmp_path / "x"), "--plan", str(tmp_path / "other.json")
     )
     assert other.returncode == 2 and "no run merged here is of this plan" in other.stderr
+
+
+def _set_event(run, **fields) -> None:
+    [event] = list((run / "events").glob("*.json"))
+    event.write_text(json.dumps({**json.loads(event.read_text()), **fields}))
+
+
+def test_provenance_and_sidecar_name_the_image_of_the_newest_run(tmp_path):
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 2)]
+    runs = []
+    for i, (day, image) in enumerate((("2026-11-20", "new"), ("2026-11-10", "old"))):
+        run = fake_run(tmp_path / image, cases[i : i + 1], run_id=image, recorded_at=f"{day}T00:00:00.000+00:00")
+        _set_event(run, image=f"opcollect/vllm:{image}", image_digest="sha256:" + str(i) * 64)
+        runs.append(run)
+    tables = tmp_path / "tables"
+    merge(runs, tables, find_project(), say=lambda line: None)
+    here = tables / "h200_sxm/gemm/vllm/0.24.0"
+    runtime = read_provenance(here / PROVENANCE).runtime
+    assert (runtime.image, runtime.image_digest) == ("opcollect/vllm:new", "sha256:" + "0" * 64)
+    [meta] = read_sidecar(here / "collection_meta.yaml").tables.values()
+    sidecar = read_sidecar(here / "collection_meta.yaml").runtime
+    assert (sidecar.image, sidecar.image_digest) == ("opcollect/vllm:new", "sha256:" + "0" * 64)
+    assert len(meta.collections) == 2
+
+
+def test_a_run_whose_workers_report_two_nccl_versions_is_refused(tmp_path):
+    from opcollect.runtime.shards import ShardWriter
+
+    run = fake_run(tmp_path / "run", [GemmCase("bfloat16", 1, 1024, 1024)])
+    writer = ShardWriter(run / "shards" / "r1-w1.jsonl")
+    writer.append_runtime(
+        {
+            "runtime_id": "r1.w1.1",
+            "worker": 1,
+            "worker_device": "cuda:1",
+            "framework": "vllm",
+            "version": "0.24.0",
+            "python": "3.12.3",
+            "torch": "2.8.0",
+            "cuda": "12.8",
+            "driver": "570.1",
+            "nccl_version": "2.27.3",
+            "device": "NVIDIA H200",
+            "host": "node1",
+        }
+    )
+    writer.close()
+    with pytest.raises(InputError, match=r"NCCL versions \['2.26.2', '2.27.3'\]; run one image"):
+        merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
+    assert not (tmp_path / "tables" / "h200_sxm").exists()

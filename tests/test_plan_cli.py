@@ -191,3 +191,16 @@ def test_smoke_picks_from_the_cheaper_half(planner):
     smoke = planner.plan("torch", "cpu", PlanOptions(ops=("gemm",), smoke=True))
     picked = [op.cost(op.case_type._make(v)) for v in smoke.ops["gemm"].values]
     assert len(picked) == 4 and max(picked) <= median and min(picked) == costs[0]
+
+
+def test_the_plan_table_counts_the_cases_its_skips_left_out():
+    from opcollect.plans.report import render
+
+    done = run_cli("plan", "--backend", "sglang", "--sm", "100", "--json", "--ops", "gemm")
+    summary = json.loads(done.stdout)
+    text = render([summary], terminal=False)
+    info = summary["ops"]["gemm"]
+    left_out = sum(entry["count"] for entry in info["skipped"].values())
+    assert left_out > len(info["skipped"])  # a skip entry leaves out more than one case
+    [row] = [line.split() for line in text.splitlines() if line.split()[:3] == ["sglang", "100", "gemm"]]
+    assert row[3:5] == [str(info["cases"]), str(left_out)], row

@@ -158,6 +158,14 @@ def test_smoke_plans_at_most_four_cases_per_op(planner):
         assert 1 <= len(sel.ids) <= 4 or name in TORCH_UNPLANNED, name
         assert set(sel.ids) <= set(full.ops[name].ids), name
     assert len(smoke.ops["gemm"].ids) == 4 < len(full.ops["gemm"].ids)
+    # spread evenly over the cheaper half of the kept cases: its cheapest, its dearest, and two between
+    for name in ("gemm", "attention_context"):
+        op = full.ops[name].op
+        costs = sorted(op.cost(op.case_type._make(v)) for v in full.ops[name].values)
+        half = costs[: (len(costs) + 1) // 2]
+        chosen = sorted(op.cost(op.case_type._make(v)) for v in smoke.ops[name].values)
+        assert len(half) > 8 and chosen[0] == half[0] and chosen[-1] == half[-1], name
+        assert half[len(half) // 4] <= chosen[1] <= chosen[2] <= half[3 * len(half) // 4], name
 
 
 # -- case IDs and dispatch -------------------------------------------------------------------------

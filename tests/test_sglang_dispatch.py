@@ -75,7 +75,10 @@ def test_trtllm_labels_as_its_reference_collector():
     from opcollect.plans import gemm as g
     from opcollect.plans import moe as m
 
-    assert g._trtllm("90", _group("fp8_block")) == "torch_flow" and g._trtllm("100", _group("fp8_block")) == "deepgemm"
+    # DeepGEMM on the SM100 family alone (is_sm_100f): SM120's block fp8 is torch_flow, as SM90's
+    labels = {sm: g._trtllm(sm, _group("fp8_block")) for sm in ("90", "100", "103", "120")}
+    assert labels == {"90": "torch_flow", "100": "deepgemm", "103": "deepgemm", "120": "torch_flow"}
+    assert g._trtllm("100", _group("fp8")) == "torch_flow"
     gemma4 = AttentionCase(1, 1024, 16, 8, 256, 1, "bfloat16", "bfloat16", 0, 1024)
     assert a._trtllm_case("90", "torch_flow", gemma4) == "torch_flow"
     assert a._trtllm_case("100", "torch_flow", gemma4) == "torch_flow_flashinfer"

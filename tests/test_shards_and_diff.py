@@ -68,3 +68,18 @@ def test_plan_diff_on_summaries(tmp_path):
     bad.write_text(json.dumps({"hello": 1}))
     refused = run_cli("plan-diff", str(a), str(bad))
     assert refused.returncode == 2 and "neither a plan file" in refused.stderr
+
+
+def test_plan_diff_reports_an_op_that_only_one_side_plans(tmp_path):
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    base = ["plan", "--backend", "torch", "--sm", "cpu", "-o"]
+    assert run_cli(*base, str(old), "--ops", "gemm,attention_generation").returncode == 0
+    assert run_cli(*base, str(new), "--ops", "gemm,attention_context").returncode == 0
+    context = len(json.loads(new.read_text())["ops"]["attention_context"]["case_id"])
+    generation = len(json.loads(old.read_text())["ops"]["attention_generation"]["case_id"])
+    done = run_cli("plan-diff", str(old), str(new))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "gemm: unchanged" in lines
+    assert f"attention_generation: +0 added, -{generation} removed, ~0 changed" in lines
+    assert f"attention_context: +{context} added, -0 removed, ~0 changed" in lines

@@ -28,7 +28,7 @@ from opcollect.tables.values import record_faults
 from opcollect.tables.verify import verify_tables
 
 DIR = "h200_sxm/gemm/vllm/0.24.0"
-CASES = [GemmCase("bfloat16", m, 1024, 1024) for m in range(1, 17)]
+CASES = [GemmCase("bfloat16", m, 1024, 1024) for m in range(1, 18)]
 
 
 def _id(m: int) -> str:
@@ -66,7 +66,7 @@ def _ids(tables) -> set[str]:
     return set(pq.read_table(tables / DIR / "gemm_perf.parquet")["case_id"].to_pylist())
 
 
-# every way a status=ok record can fail the rules, one case each; m=16 stays good
+# every way a status=ok record can fail the rules, one case each; m=17 stays good
 BROKEN = {
     _id(1): _set(stats=None),  # status ok with no stats
     _id(2): _stats(latency=float("nan")),
@@ -83,6 +83,7 @@ BROKEN = {
     _id(13): _set(attempt="x"),  # a line of the wrong type: garbage, not an ArrowInvalid traceback
     _id(14): _stats(latency="fast"),
     _id(15): _set(status="bogus"),
+    _id(16): _set(attempt=0),  # attempts count from 1
 }
 
 
@@ -95,11 +96,12 @@ def test_merge_admits_only_records_that_pass_the_value_rules(tmp_path):
     assert f"{run}: skipped {len(BROKEN)} garbage shard lines (2 not a record, " in done.stdout, done.stdout
     # each line once, under the first rule it breaks: no stats, NaN, negative and 0 are the latency's four
     assert (
-        "(2 not a record, 1 status neither ok nor failed, 2 recorded_at unparsable or in the future, 4 latency not "
+        "(2 not a record, 1 status neither ok nor failed, 1 attempt below 1, 2 recorded_at unparsable or in the "
+        "future, 4 latency not "
         "finite and positive, 2 0 <= p25 <= latency <= p75 broken, 1 samples below 1, 2 noise not finite and >= 0, 1 "
         "timing not one of graph, eager, cpu, none)"
     ) in done.stdout, done.stdout
-    assert _ids(tables) == {_id(16)}  # none of the broken records became a row, nor a failure
+    assert _ids(tables) == {_id(17)}  # none of the broken records became a row, nor a failure
     assert pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet").num_rows == 0
     [event] = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].events
     assert event.garbage_lines == len(BROKEN) and event.rows == 1
@@ -281,3 +283,21 @@ def test_shard_records_are_held_to_the_latency_rule_of_their_own_op():
         "latency not finite and >= 0": [False, False, True, False, False],
         "0 <= p25 <= latency <= p75 broken": [False, False, True, False, False],  # below 0 is below p25 too
     }
+
+
+def test_stored_failures_carry_their_attempts_through_a_later_merge(tmp_path):
+    """A failure TABLES holds keeps its attempt count when another run merges in; a later failed attempt replaces it."""
+    tables = tmp_path / "tables"
+    first = fake_run(tmp_path / "a", CASES[:2], run_id="a", status={_id(1): "oom"})
+    _edit_records(first, {_id(1): _set(attempt=3)})
+    merge([first], tables, find_project(), say=lambda line: None)
+    merge([fake_run(tmp_path / "b", CASES[2:3], run_id="b")], tables, find_project(), say=lambda line: None)
+    failures = pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet")
+    assert list(zip(failures["case_id"].to_pylist(), failures["attempts"].to_pylist())) == [(_id(1), 3)]
+    again = fake_run(
+        tmp_path / "c", CASES[:1], run_id="c", status={_id(1): "oom"}, recorded_at="2026-11-30T01:00:00.000+00:00"
+    )
+    _edit_records(again, {_id(1): _set(attempt=4)})
+    merge([again], tables, find_project(), say=lambda line: None)
+    failures = pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet")
+    assert failures["attempts"].to_pylist() == [4] and _ids(tables) == {_id(2), _id(3)}
