@@ -42,9 +42,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.backends.torch.mhc import check_case, mixes, site_inputs
+from opcollect.runtime.contract import Prepared
 
-OPS = ("pre", "post")
 EPS = 1e-6  # rms_norm_eps and hc_eps of the DeepSeek-V4 configs (the sgl-project FP8 ones lack rms_norm_eps)
 TILELANG_PRE = "SGLANG_OPT_USE_TILELANG_MHC_PRE"
 DEEPGEMM_PRENORM = "SGLANG_OPT_DEEPGEMM_HC_PRENORM"
@@ -64,17 +64,6 @@ class HcLayer:
     hc_sinkhorn_iters: int
     hc_eps: float
     rms_norm_eps: float
-
-
-def mixes(hc_mult: int) -> int:
-    return (2 + hc_mult) * hc_mult
-
-
-def check_case(case) -> None:
-    if case.op_name not in OPS:
-        raise KernelLimit(f"SGLang's mHC has no op {case.op_name!r} ({', '.join(OPS)})")
-    if case.num_tokens < 1 or case.num_sites < 1:
-        raise KernelLimit(f"an mHC row needs tokens and sites (num_tokens={case.num_tokens}, sites={case.num_sites})")
 
 
 def hook_flags(sm120: bool, hip: bool) -> dict[str, bool]:
@@ -114,7 +103,7 @@ def footprint(case) -> int:
     """Bytes of one input set: per site the residual and pre's outputs; pre adds the weights, the norm weight and the
     larger of its two products' partials (DeepGEMM's K splits, or tilelang's 32 x 32 split-K partials), post the
     new residual."""
-    check_case(case)
+    check_case(case, "SGLang")
     t, hc, h = case.num_tokens, case.hc_mult, case.hidden_size
     residual = t * hc * h * 2
     outputs = t * hc * 4 + t * hc * hc * 4 + t * h * 2
@@ -125,22 +114,8 @@ def footprint(case) -> int:
     return case.num_sites * (2 * residual + outputs)
 
 
-def site_inputs(case, device: str, seed: int):
-    """One site's (residual, hc_fn, hc_scale, hc_base)."""
-    import torch
-
-    from opcollect.runtime.timing import random_tensor
-
-    hc, h = case.hc_mult, case.hidden_size
-    residual = random_tensor((case.num_tokens, hc, h), torch.bfloat16, device, seed)
-    fn = random_tensor((mixes(hc), hc * h), torch.float32, device, seed + 1)
-    base = random_tensor((mixes(hc),), torch.float32, device, seed + 2)
-    scale = torch.ones(3, dtype=torch.float32, device=device)
-    return residual, fn, scale, base
-
-
 def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
-    check_case(case)
+    check_case(case, "SGLang")
     import torch
     from sglang.srt.environ import envs
     from sglang.srt.layers.layernorm import RMSNorm

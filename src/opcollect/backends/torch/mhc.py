@@ -17,15 +17,24 @@ the outputs of pre on its site's inputs. kernel_source is the plan's dispatch: t
 
 from __future__ import annotations
 
-from opcollect.runtime.contract import Prepared
+from opcollect.runtime.contract import KernelLimit, Prepared
 from opcollect.runtime.timing import random_tensor
 
+OPS = ("pre", "post")
 EPS = 1e-6  # hc_eps and rms_norm_eps of the DeepSeek-V4 configs, the collectors' MHC_EPS
 POST_MULT = 2.0  # hc_post_mult_value: vLLM's collector passes 2.0, SGLang's kernel multiplies by 2 (mhc.py:99)
 
 
 def mixes(hc_mult: int) -> int:
     return (2 + hc_mult) * hc_mult
+
+
+def check_case(case, framework: str) -> None:
+    """A row every framework's mHC runner can time: pre or post, with tokens and sites."""
+    if case.op_name not in OPS:
+        raise KernelLimit(f"{framework}'s mHC has no op {case.op_name!r} ({', '.join(OPS)})")
+    if case.num_tokens < 1 or case.num_sites < 1:
+        raise KernelLimit(f"an mHC row needs tokens and sites (num_tokens={case.num_tokens}, sites={case.num_sites})")
 
 
 def sinkhorn(logits, iters: int, eps: float = EPS):
@@ -75,7 +84,9 @@ def footprint(case) -> int:
     return case.num_sites * per_site
 
 
-def _site(case, device: str, seed: int):
+def site_inputs(case, device: str, seed: int):
+    """One site's (residual, fn, hc_scale, hc_base), as the collectors draw them; the vLLM and SGLang runners
+    draw theirs here too."""
     import torch
 
     hc, hidden = case.hc_mult, case.hidden_size
@@ -90,7 +101,7 @@ def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
     import torch
 
     iters = case.sinkhorn_iters
-    sets = [[_site(case, device, 1000 * c + 10 * s) for s in range(case.num_sites)] for c in range(copies)]
+    sets = [[site_inputs(case, device, 1000 * c + 10 * s) for s in range(case.num_sites)] for c in range(copies)]
     if case.op_name == "pre":
         inputs = sets
 

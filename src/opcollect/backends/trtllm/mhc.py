@@ -30,11 +30,11 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+from opcollect.backends.torch.mhc import check_case, mixes
 from opcollect.backends.trtllm import torch_ops
 from opcollect.backends.trtllm.context import SERVED_VERSIONS
-from opcollect.runtime.contract import KernelLimit, Prepared, Runner
+from opcollect.runtime.contract import Prepared, Runner
 
-OPS = ("pre", "post")
 POST_LABEL = "trtllm_mhc_post_mapping"
 PRE_LABEL = "trtllm_mhc_pre_"
 DG_SPLITS = 16  # mhc_cuda._DG_NUM_SPLITS: dg_splitk's K splits, the most pre_mapping's partials hold
@@ -43,21 +43,10 @@ DG_SPLITS = 16  # mhc_cuda._DG_NUM_SPLITS: dg_splitk's K splits, the most pre_ma
 TORCH_OPS = {"pre": (), "post": ("mhc_post_mapping",)}
 
 
-def mixes(hc_mult: int) -> int:
-    return (2 + hc_mult) * hc_mult
-
-
-def check_case(case) -> None:
-    if case.op_name not in OPS:
-        raise KernelLimit(f"TensorRT-LLM's mHC has no op {case.op_name!r} ({', '.join(OPS)})")
-    if case.num_tokens < 1 or case.num_sites < 1:
-        raise KernelLimit(f"an mHC row needs tokens and sites (num_tokens={case.num_tokens}, sites={case.num_sites})")
-
-
 def footprint(case) -> int:
     """Bytes of one input set: per site the mHC's weights, the residual and pre_mapping's outputs; pre adds the
     partial products and square sums of its widest tactic (16 K splits), post the new residual."""
-    check_case(case)
+    check_case(case, "TensorRT-LLM")
     t, hc, h = case.num_tokens, case.hc_mult, case.hidden_size
     weights = mixes(hc) * (hc * h + 1) * 4 + 3 * 4
     residual = t * hc * h * 2
@@ -122,7 +111,7 @@ def build_sites(case, device: str, seed: int) -> list:
 
 
 def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
-    check_case(case)
+    check_case(case, "TensorRT-LLM")
     torch_ops.check_installed("mhc")
     import tensorrt_llm._torch.modules.mhc.mhc_cuda as mhc_cuda
     import torch

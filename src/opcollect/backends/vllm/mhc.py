@@ -27,26 +27,15 @@ kernel_source: the reference's label, vllm.model_executor.kernels.mhc.tilelang.m
 
 from __future__ import annotations
 
-from opcollect.runtime.contract import KernelLimit, Prepared
+from opcollect.backends.torch.mhc import check_case, mixes, site_inputs
+from opcollect.runtime.contract import Prepared
 
-OPS = ("pre", "post")
 EPS = 1e-6  # rms_norm_eps, hc_eps of the DeepSeek-V4 configs: rms_eps, hc_pre_eps and hc_sinkhorn_eps
 POST_MULT = 2.0  # DeepseekV4DecoderLayer.hc_post_alpha (models/deepseek_v4/nvidia/model.py:799)
 LABEL = "vllm.model_executor.kernels.mhc.tilelang.mhc_{op}_tilelang"
 # the most SMs a GPU has that these rows run on (H200 132, B200 148): bounds DeepGEMM's K splits in the footprint
 MAX_SMS = 160
 SPLIT_BLOCK_M, SPLIT_BLOCK_K = 64, 64  # compute_num_split's blocks (kernels/mhc/tilelang.py:167-173)
-
-
-def mixes(hc_mult: int) -> int:
-    return (2 + hc_mult) * hc_mult
-
-
-def check_case(case) -> None:
-    if case.op_name not in OPS:
-        raise KernelLimit(f"vLLM's mHC has no op {case.op_name!r} ({', '.join(OPS)})")
-    if case.num_tokens < 1 or case.num_sites < 1:
-        raise KernelLimit(f"an mHC row needs tokens and sites (num_tokens={case.num_tokens}, sites={case.num_sites})")
 
 
 def max_splits(num_tokens: int, depth: int) -> int:
@@ -59,7 +48,7 @@ def max_splits(num_tokens: int, depth: int) -> int:
 def footprint(case) -> int:
     """Bytes of one input set: per site the residual, the weights and pre's outputs (post_mix, comb_mix,
     layer_input); pre adds its split-K partial products and square sums, post its new residual."""
-    check_case(case)
+    check_case(case, "vLLM")
     t, hc, h = case.num_tokens, case.hc_mult, case.hidden_size
     residual = t * hc * h * 2
     outputs = t * hc * 4 + t * hc * hc * 4 + t * h * 2
@@ -70,22 +59,8 @@ def footprint(case) -> int:
     return case.num_sites * (2 * residual + outputs)
 
 
-def site_inputs(case, device: str, seed: int):
-    """One site's (residual, fn, hc_scale, hc_base), as the collector draws them."""
-    import torch
-
-    from opcollect.runtime.timing import random_tensor
-
-    hc, h = case.hc_mult, case.hidden_size
-    residual = random_tensor((case.num_tokens, hc, h), torch.bfloat16, device, seed)
-    fn = random_tensor((mixes(hc), hc * h), torch.float32, device, seed + 1)
-    base = random_tensor((mixes(hc),), torch.float32, device, seed + 2)
-    scale = torch.ones(3, dtype=torch.float32, device=device)
-    return residual, fn, scale, base
-
-
 def prepare(case, dispatch: str, device: str, copies: int) -> Prepared:
-    check_case(case)
+    check_case(case, "vLLM")
     import torch
     from vllm.model_executor.kernels.mhc.tilelang import mhc_post_tilelang, mhc_pre_tilelang
 
