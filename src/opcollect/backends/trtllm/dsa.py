@@ -59,18 +59,17 @@ from types import SimpleNamespace
 
 from opcollect.backends.trtllm import dsa_inputs as inputs
 from opcollect.backends.trtllm import mla_inputs, torch_ops
-from opcollect.backends.trtllm.context import SERVED_VERSIONS, hold_until_dropped, release_pending
+from opcollect.backends.trtllm.context import SERVED_VERSIONS, release_pending
 from opcollect.backends.trtllm.mla_module import (
     EXCLUDED,
     MAX_NUM_TOKENS,
     aux_streams,
     create_weights,
     keep_excluded_unquantized,
+    layer_call,
     load_dummy_weights,
-    rotating_forward,
 )
 from opcollect.runtime.contract import Prepared, Runner
-from opcollect.runtime.timing import random_tensor
 
 
 def model_config(case, keys: dict, max_seq_len: int, num_tokens: int):
@@ -205,17 +204,12 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     module = build_module(case, config, device)
     source = label(module)
     manager = kv_cache(config, kv, case.kv_cache_dtype, longest)
-    try:
-        metadata = [attention_metadata(module, config, manager, kv, i, context, device) for i in range(copies)]
-        position_ids = torch.tensor(kv.positions(), dtype=torch.long, device=device)
-        shape = (kv.num_tokens, keys["hidden_size"])
-        hidden = [random_tensor(shape, torch.bfloat16, device, i) for i in range(copies)]
-    except BaseException:
-        manager.shutdown()
-        raise
+
+    def metadata_of(i: int):
+        return attention_metadata(module, config, manager, kv, i, context, device)
+
     # the MLA registered itself in config.extra_attrs when built
-    call = rotating_forward(module, config.extra_attrs, position_ids, hidden, metadata)
-    hold_until_dropped(call, manager.shutdown)
+    call = layer_call(module, config.extra_attrs, manager, kv, keys["hidden_size"], device, metadata_of)
     return Prepared(call, source)
 
 

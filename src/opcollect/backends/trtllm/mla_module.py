@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Callable
 
 from opcollect.backends.trtllm import mla_inputs as inputs
 from opcollect.backends.trtllm.context import hold_until_dropped, release_pending
@@ -214,6 +215,25 @@ def rotating_forward(module, extra_attrs: dict, position_ids, hidden: list, meta
     return call
 
 
+def layer_call(module, extra_attrs: dict, manager, layout, hidden_size: int, device: str, metadata_of: Callable):
+    """The timed call of an attention layer over ``layout``'s copies: metadata_of(i) for each copy, the positions and
+    a bf16 hidden state per copy, run by rotating_forward; the KV cache manager shuts down when the call is dropped,
+    or at once if the inputs fail."""
+    import torch
+
+    try:
+        metadata = [metadata_of(i) for i in range(layout.copies)]
+        position_ids = torch.tensor(layout.positions(), dtype=torch.long, device=device)
+        shape = (layout.num_tokens, hidden_size)
+        hidden = [random_tensor(shape, torch.bfloat16, device, i) for i in range(layout.copies)]
+    except BaseException:
+        manager.shutdown()
+        raise
+    call = rotating_forward(module, extra_attrs, position_ids, hidden, metadata)
+    hold_until_dropped(call, manager.shutdown)
+    return call
+
+
 def build_module(case, device: str, layout: inputs.KvLayout):
     """DeepseekV3Attention with dummy weights, post-processed, and its ModelConfig."""
     import torch
@@ -256,16 +276,11 @@ def module_prepare(case, dispatch: str, device: str, copies: int, context: bool)
     module, model_config = build_module(case, device, layout)
     source = module_label(module, context)
     manager = inputs.kv_cache(layout, case.kv_cache_dtype)
-    try:
-        backend_cls = type(module.mqa)
-        flash = bool(model_config.enable_flash_mla)
-        metadata = [inputs.attention_metadata(backend_cls, manager, layout, i, context, flash) for i in range(copies)]
-        position_ids = torch.tensor(layout.positions(), dtype=torch.long, device=device)
-        hidden = [random_tensor((layout.num_tokens, inputs.HIDDEN), torch.bfloat16, device, i) for i in range(copies)]
-    except BaseException:
-        manager.shutdown()
-        raise
+    backend_cls, flash = type(module.mqa), bool(model_config.enable_flash_mla)
+
+    def metadata_of(i: int):
+        return inputs.attention_metadata(backend_cls, manager, layout, i, context, flash)
+
     # MLA registered itself in extra_attrs (extra_attrs["mla_layers"]) when built
-    call = rotating_forward(module, model_config.extra_attrs, position_ids, hidden, metadata)
-    hold_until_dropped(call, manager.shutdown)
+    call = layer_call(module, model_config.extra_attrs, manager, layout, inputs.HIDDEN, device, metadata_of)
     return Prepared(call, source)

@@ -57,10 +57,9 @@ from functools import partial
 
 from opcollect.backends.trtllm import msa_inputs as inputs
 from opcollect.backends.trtllm import torch_ops
-from opcollect.backends.trtllm.context import hold_until_dropped, installed_version, release_pending
-from opcollect.backends.trtllm.mla_module import aux_streams, create_weights, load_dummy_weights, rotating_forward
+from opcollect.backends.trtllm.context import installed_version, release_pending
+from opcollect.backends.trtllm.mla_module import aux_streams, create_weights, layer_call, load_dummy_weights
 from opcollect.runtime.contract import KernelLimit, Prepared, Runner
-from opcollect.runtime.timing import random_tensor
 
 # the pin whose MiniMax-M3 route this runner was written and checked against (the reference's msa/trtllm/1.3.0rc23)
 VERSIONS = frozenset({"1.3.0rc23"})
@@ -219,16 +218,11 @@ def prepare(case, dispatch: str, device: str, copies: int, context: bool) -> Pre
     module = build_module(config, device)
     source = label(module, route)
     manager = kv_cache(config, kv, context)
-    try:
-        metadata = [attention_metadata(module, config, manager, kv, i, context, route) for i in range(copies)]
-        position_ids = torch.tensor(kv.positions(), dtype=torch.long, device=device)
-        shape = (kv.num_tokens, keys["hidden_size"])
-        hidden = [random_tensor(shape, torch.bfloat16, device, i) for i in range(copies)]
-    except BaseException:
-        manager.shutdown()
-        raise
-    call = rotating_forward(module, config.extra_attrs, position_ids, hidden, metadata)
-    hold_until_dropped(call, manager.shutdown)
+
+    def metadata_of(i: int):
+        return attention_metadata(module, config, manager, kv, i, context, route)
+
+    call = layer_call(module, config.extra_attrs, manager, kv, keys["hidden_size"], device, metadata_of)
     return Prepared(call, source, graph_safe=inputs.graph_safe(route, context))
 
 
