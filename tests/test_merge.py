@@ -300,23 +300,10 @@ def test_a_run_whose_workers_report_two_nccl_versions_is_refused(tmp_path):
     from opcollect.runtime.shards import ShardWriter
 
     run = fake_run(tmp_path / "run", [GemmCase("bfloat16", 1, 1024, 1024)])
+    first = json.loads((run / "shards" / "r1-w0.jsonl").read_text().splitlines()[0])  # worker 0's runtime line
+    second = {**first, "runtime_id": "r1.w1.1", "worker": 1, "worker_device": "cuda:1", "nccl_version": "2.27.3"}
     writer = ShardWriter(run / "shards" / "r1-w1.jsonl")
-    writer.append_runtime(
-        {
-            "runtime_id": "r1.w1.1",
-            "worker": 1,
-            "worker_device": "cuda:1",
-            "framework": "vllm",
-            "version": "0.24.0",
-            "python": "3.12.3",
-            "torch": "2.8.0",
-            "cuda": "12.8",
-            "driver": "570.1",
-            "nccl_version": "2.27.3",
-            "device": "NVIDIA H200",
-            "host": "node1",
-        }
-    )
+    writer.append(second)
     writer.close()
     with pytest.raises(InputError, match=r"NCCL versions \['2.26.2', '2.27.3'\]; run one image"):
         merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
