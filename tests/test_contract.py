@@ -180,3 +180,27 @@ def test_a_dataclass_takes_its_fields_and_its_dataclass_bases_fields(tmp_path):
         # a plain subclass of a dataclass takes the base's generated __init__
         "src/opcollect/backends/trtllm/gemm.py:5: tensorrt_llm.config.Plain: no parameter 'other'",
     ]
+
+
+def test_star_imports_and_keyword_only_parameters_resolve_as_python_reads_them(tmp_path):
+    """`from x import *` re-exports every public name of a module without __all__, and only the listed ones of a
+    module with it; a keyword-only parameter is a parameter."""
+    package = tmp_path / "release" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from vllm.open import *\nfrom vllm.listed import *\n")
+    (package / "open.py").write_text("def unlisted(a, *, block_size=16):\n    pass\n")
+    (package / "listed.py").write_text("__all__ = ['kept']\n\ndef kept(x):\n    pass\n\ndef hidden(x):\n    pass\n")
+    runners = tmp_path / "src" / "opcollect" / "backends" / "vllm"
+    runners.mkdir(parents=True)
+    (runners / "gemm.py").write_text(
+        "def f():\n    from vllm import hidden, kept, unlisted\n"
+        "    unlisted(1, block_size=32)\n"
+        "    unlisted(1, page=2)\n"
+        "    kept(1)\n"
+        "    hidden(1)\n"
+    )
+    checked, misses, _ = contract("vllm", [tmp_path / "release"], runners.parent)
+    assert sorted(m.render() for m in misses) == [
+        "src/opcollect/backends/vllm/gemm.py:2: vllm.hidden: not defined in vllm (nor re-exported there)",
+        "src/opcollect/backends/vllm/gemm.py:4: vllm.unlisted: no parameter 'page'",
+    ]

@@ -153,6 +153,12 @@ def test_int4_weight_only_gemm_runs_on_the_cpu():
     case = GemmCase("int4_wo", 8, 256, 512)
     [result] = measure("gemm", "torch._weight_int4pack_mm_for_cpu", [case], "cpu", quick)
     assert result.stats.latency > 0 and result.kernel_source == "torch._weight_int4pack_mm_for_cpu"
+    # the ATen op it ran is the one its label means, and a plain linear is not
+    from opcollect.backends.kernels import contradicts_label
+
+    assert "aten::_weight_int4pack_mm_for_cpu" in result.observed.kernels
+    assert not contradicts_label("torch", result.kernel_source, result.observed.kernels, "gemm")
+    assert contradicts_label("torch", result.kernel_source, ["aten::linear", "aten::mm"], "gemm")
     assert footprint("gemm", case) < footprint("gemm", GemmCase("bfloat16", 8, 256, 512))
     with pytest.raises(KernelLimit, match="k % 128"):
         measure("gemm", "x", [GemmCase("int4_wo", 8, 256, 360)], "cpu", quick)

@@ -179,3 +179,22 @@ def test_sigterm_during_release_leaves_no_venv_child_or_unverified_wheel(smoke_t
     time.sleep(0.5)
     assert list(tmpdir.iterdir()) == [] and not out.exists()
     assert _processes_naming(str(tmpdir)) == []
+
+
+def test_a_tree_with_warnings_alone_is_released(tmp_path):
+    """check's warnings (a partial table here) do not stop a release; its violations do (test_bad_inputs D27)."""
+    from conftest import fake_run
+
+    from opcollect.plans.gemm import GemmCase
+    from opcollect.project import find_project
+    from opcollect.release.cut import refuse_unsound
+    from opcollect.tables.merge import merge
+    from opcollect.tables.rules import check_tables
+
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 2, 4)]
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "run", cases, status={"gemm:bfloat16:m=4,n=1024,k=1024": "missing"})], tables,
+          find_project(), say=lambda line: None)  # fmt: skip
+    findings = check_tables(tables)
+    assert "R4" in {f.rule for f in findings} and all(f.warning for f in findings)
+    refuse_unsound(tables)

@@ -180,6 +180,20 @@ def test_each_container_runtime_runs_the_collector_image_in_the_array_script(tmp
     assert "--array" not in merge and subprocess.run(["bash", "-n"], input=merge, text=True).returncode == 0
 
 
+def test_gpus_per_task_is_as_asked_zero_too_else_one_on_a_gpu_and_none_on_the_cpu(tmp_path):
+    from opcollect.cluster.scripts import SlurmOptions, array_script
+    from opcollect.cluster.submit import SlurmRequest
+
+    def ask(gpus):
+        return SlurmRequest(shards=2, partition=None, account=None, time=None, gpus_per_task=gpus, runtime="none",
+                            resume=None)  # fmt: skip
+
+    found = {(gpus, sm): ask(gpus).gpus_for(sm) for gpus in (None, 0, 2) for sm in ("90", "cpu")}
+    assert found == {(None, "90"): 1, (None, "cpu"): 0, (0, "90"): 0, (0, "cpu"): 0, (2, "90"): 2, (2, "cpu"): 2}
+    lines = array_script(tmp_path, SlurmOptions(shards=2, gpus_per_task=ask(0).gpus_for("90"))).splitlines()
+    assert not [line for line in lines if "--gpus" in line]
+
+
 # -- every value that reaches an #SBATCH line is validated where it enters (no Slurm needed) ---------------
 
 GOOD = dict(shards=4, partition="gpu", account="perf", time="4:00:00", gpus_per_task=1, cpus_per_task=2,

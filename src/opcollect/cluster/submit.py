@@ -43,6 +43,10 @@ class SlurmRequest:
     runtime: str
     resume: Path | None  # a run root to resubmit the shards not done of
 
+    def gpus_for(self, sm: str) -> int:
+        """GPUs per array task: as asked (0 too), else 1 on a GPU SM and 0 for a CPU plan."""
+        return self.gpus_per_task if self.gpus_per_task is not None else (0 if sm == "cpu" else 1)
+
 
 @dataclass(frozen=True)
 class Submitted:
@@ -143,9 +147,8 @@ def collect_on_slurm(
         sm = parse_plan(whole, read_plan_json(whole), typed=False).sm
     if sm is None:
         raise InputError("--slurm: give --sm, the SM of the cluster's GPUs (cpu for a CPU collection)")
-    gpus = ask.gpus_per_task if ask.gpus_per_task is not None else (0 if sm == "cpu" else 1)
     options = scripts.SlurmOptions(
-        shards=ask.shards, partition=ask.partition, account=ask.account, time=ask.time, gpus_per_task=gpus,
+        shards=ask.shards, partition=ask.partition, account=ask.account, time=ask.time, gpus_per_task=ask.gpus_for(sm),
         runtime=ask.runtime, device="cpu" if sm == "cpu" else "cuda", run_flags=tuple(run_flags(request.run_options)),
     )  # fmt: skip
     if request.out is not None:
