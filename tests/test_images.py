@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -33,6 +34,7 @@ from opcollect.project import ProjectTree, find_project
 from opcollect.runtime.rundir import read_records
 
 LOCAL = "opcollect-local/torch-cpu:latest"
+FOREIGN = "someone-else/kept:1"  # a user's own tag on a collector image
 
 
 def _inside(path: str | None, root: Path) -> bool:
@@ -518,12 +520,22 @@ def test_prune_keeps_the_current_image_and_removes_the_older_one(docker_client, 
         assert second.returncode == 0, second.stderr[-2000:]
         new_tag = _tag(second.stdout)
         assert new_tag != old_tag
+        # a stale collector image the user also tagged outside opcollect/: theirs, never pruned
+        dockerfile = f"FROM {LOCAL}\nLABEL io.opcollect.input-hash=stale io.opcollect.backend=torch\n"
+        foreign, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=FOREIGN, rm=True)
+        foreign.tag("opcollect/torch", "stale-and-theirs")
         done = run_cli("build", "--prune", "--root", str(tree_copy))
         assert done.returncode == 0, done.stderr[-2000:]
         again = run_cli("build", "--prune", "torch", "--root", str(tree_copy))
+        assert docker_client.images.get(FOREIGN).id == foreign.id and "stale-and-theirs" not in done.stdout
     finally:
         for holder in keepers:
             holder.remove(force=True)
+        for tag in (FOREIGN, "opcollect/torch:stale-and-theirs"):
+            try:
+                docker_client.images.remove(tag)
+            except ImageNotFound:
+                pass
     removed = re.findall(r"^removed (\S+)", done.stdout, re.M)
     assert removed == [old_tag] and f"kept {new_tag} (current)" in done.stdout, done.stdout
     assert f"kept {main_tag}: container" in done.stdout  # stale for tree_copy, but a container uses it

@@ -332,6 +332,17 @@ def test_status_counts_only_the_records_of_each_shards_own_plan(tmp_path):
     assert (zero.state, zero.measured, zero.failed) == ("done", len(mine) - 1, 1) and one.state != "done"
 
 
+def test_status_says_how_to_resubmit_exactly_when_a_shard_is_failed_or_incomplete(tmp_path):
+    from opcollect.cluster.status import ShardStatus, describe
+
+    hint = f"resubmit the shards not done: opcollect collect ... --slurm --resume {tmp_path}"
+    done, running = ShardStatus(0, "done", 4, 0, 4, "COMPLETED"), ShardStatus(1, "running", 1, 0, 4, "RUNNING")
+    for other, says in (("failed", True), ("incomplete", True), ("pending", False), ("running", False)):
+        text = describe(tmp_path, [done, ShardStatus(2, other, 0, 0, 4, None), running])
+        assert (hint in text.splitlines()) is says, other
+        assert f"{tmp_path}: 3 shards: " in text and "5/12 planned cases recorded" in text
+
+
 def test_status_refuses_a_shard_plan_of_another_shard(tmp_path):
     from opcollect.cluster.status import shard_states
     from opcollect.errors import InputError
