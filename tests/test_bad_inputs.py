@@ -562,6 +562,15 @@ ROWS = [
         "run.json: field 'plan_hash' is missing",
         write("{run}/run.json", "[1, 2, 3]"),
     ),
+    *(
+        Row(
+            f"merge-run-json-without-{key}",
+            ("merge", "{run}", "--into", "{tmp}/new-tables"),
+            f"run.json: field '{key}' is missing; the run directory is damaged",
+            edit_json("{run}/run.json", lambda identity, key=key: identity.pop(key)),
+        )
+        for key in ("backend", "sm", "collector_hash")
+    ),
     Row(
         "merge-not-a-run-directory",
         ("merge", "{tmp}", "--into", "{tmp}/new-tables"),

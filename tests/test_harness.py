@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import astuple
 
 import pytest
 
@@ -106,9 +107,14 @@ def test_cpu_path_times_a_real_call():
 
 
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
-def test_max_noise_0_is_kept_as_0_not_the_default(kind):
-    assert TimingConfig.for_device(kind, max_noise=0.0).max_noise == 0.0
-    assert TimingConfig.for_device(kind).max_noise > 0
+def test_each_flag_given_is_kept_as_given_zero_too_and_the_rest_are_the_devices_defaults(kind):
+    default = TimingConfig.for_device(kind)
+    assert TimingConfig.for_device(kind, max_noise=0.0) == TimingConfig(0.0, *astuple(default)[1:])
+    assert default.max_noise > 0
+    given = TimingConfig.for_device(kind, max_noise=0.2, min_samples=default.min_samples + 7, max_case_seconds=0.125)
+    assert (given.max_noise, given.min_samples, given.max_case_seconds) == (0.2, default.min_samples + 7, 0.125)
+    assert given.warmup_seconds == default.warmup_seconds
+    assert (default.min_samples, default.max_case_seconds) == ((5, 0.25) if kind == "cpu" else (10, 1.0))
 
 
 @pytest.mark.parametrize("min_samples, stops_at", [(10, 3), (2, 2)])
