@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         _copy_project(copy)
         source = copy / "src" / "opcollect"
         with installed_hook(site):
-            env = _env(copy) | {DATA_VAR: f"{data_dir / '.coverage'}|{source}"}
+            # an outer map's test ID is not this run's: its pytest process starts with no test of its own
+            env = {k: v for k, v in _env(copy).items() if k != TEST_VAR}
+            env[DATA_VAR] = f"{data_dir / '.coverage'}|{source}"
             cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", HOOK, *args.pytest_args]
             done = subprocess.run(cmd, cwd=copy, env=env)
         found = _read(data_dir, source)

@@ -965,6 +965,8 @@ def _copy_project(dest: Path) -> None:
         shutil.copytree(ROOT / name, dest / name, ignore=IGNORED)
     for name in COPIED_FILES:
         shutil.copy2(ROOT / name, dest / name)
+    if (ROOT / ".cache").is_dir():  # the pinned wheels and the consumer's venv the tests read, shared, not copied
+        (dest / ".cache").symlink_to((ROOT / ".cache").resolve(), target_is_directory=True)
 
 
 def _apply(copy: Path, mutant: Mutant) -> None:
