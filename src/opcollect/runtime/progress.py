@@ -29,15 +29,18 @@ class Progress:
         self._last_log = 0.0
         self._rich = None
         if self.terminal:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
+            # on the progress stream (stderr), the one whose terminal was asked: stdout keeps the run's summary
             self._rich = RichProgress(
                 TextColumn("{task.description:22s}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[status]}"),
                 TimeRemainingColumn(),
+                console=Console(file=self.stream, force_terminal=self.terminal),
                 transient=False,
             )
             self._tasks = {
