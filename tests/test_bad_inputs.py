@@ -549,6 +549,31 @@ ROWS = [
         ("run", "--plan", "{tmp}", "--out", "{tmp}/out"),
         ": cannot read plan (Is a directory)",
     ),
+    Row(
+        "plan-of-another-format-version",
+        RUN,
+        "plan.json: plan format_version 99; this opcollect reads 2; re-plan",
+        edit_json("{plan}", set_key("format_version", 99)),
+    ),
+    Row(
+        "plan-for-an-unknown-sm",
+        RUN,
+        "plan.json: field 'sm': '77' is not one of 80, 86, 89, 90, 100, 103, 120, cpu; the plan was edited or is "
+        "damaged, re-plan",
+        edit_json("{plan}", set_key("sm", "77")),
+    ),
+    Row(
+        "plan-op-name-not-an-identifier",
+        RUN,
+        "plan.json: field 'ops.gemm-x': is not an op name; the plan was edited or is damaged, re-plan",
+        edit_json("{plan}", rename_op("gemm", "gemm-x")),
+    ),
+    Row(
+        "plan-op-label-not-a-string",
+        RUN,
+        "plan.json: field 'ops.gemm.op_name': not a string; the plan was edited or is damaged, re-plan",
+        edit_json("{plan}", set_op_key("op_name", 5)),
+    ),
     # --- run directories -------------------------------------------------------------------------------
     Row(
         "merge-run-json-corrupt",

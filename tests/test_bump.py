@@ -242,3 +242,80 @@ def test_a_recollection_adds_the_rows_that_moved_to_the_re_check_list(repo, tmp_
     assert "no vllm 0.24.0 table with a 0.25.0 counterpart" in empty.stderr and report.read_text() == text
     both = run_cli("bump", "vllm", "--version", "0.25.0", "--moved", str(tables), "--image", image, "--root", str(repo))
     assert both.returncode == 2 and "no --image" in both.stderr
+
+
+def _wheel(path, files: dict[str, str]):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    return path
+
+
+def test_the_contract_section_says_why_it_did_not_run_and_what_it_left_unchecked(tmp_path, monkeypatch):
+    from opcollect.images.bump_report import contract_section
+    from opcollect.project import ProjectTree
+
+    tree = ProjectTree(tmp_path / "tree")
+    (tree.root / "src").mkdir(parents=True)
+    (tree.root / "src" / "opcollect").symlink_to(ROOT / "src" / "opcollect", target_is_directory=True)
+    assert contract_section(tree, "torch", "2.9.0", "img") == [
+        "Not run: plain PyTorch has no framework release to check."
+    ]
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip looks at no index: it fails at once, offline
+    assert contract_section(tree, "vllm", "0.0.0", "img") == [
+        "Not run: pip cannot fetch vllm==0.0.0 (ERROR: No matching distribution found for vllm==0.0.0)."
+    ]
+    # SGLang's wheel without its kernel package's modules: what the runners import from sgl_kernel is left out
+    cache = tree.root / ".cache" / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)  # pip may have made it
+    _wheel(cache / "sglang-9.9.9-py3-none-any.whl", {"sglang/__init__.py": ""})
+    _wheel(cache / "sglang_kernel-0.4.4-py3-none-any.whl", {"sglang_kernel-0.4.4.dist-info/METADATA": "Name: x\n"})
+    lines = contract_section(tree, "sglang", "9.9.9", "img")
+    first = re.fullmatch(
+        r"Against sglang-9\.9\.9-py3-none-any\.whl, sglang_kernel-0\.4\.4-py3-none-any\.whl: (\d+) uses checked, "
+        r"(\d+) missing\.",
+        lines[0],
+    )
+    assert first and int(first[1]) >= int(first[2]) > 0, lines[0]
+    assert len(lines) == 2 + int(first[2]) and lines[-1] == "Not checked (no release of it): sgl_kernel."
+    assert all(line.startswith("- `src/opcollect/backends/sglang/") for line in lines[1:-1]), lines[1:3]
+
+
+def test_rows_that_moved_past_those_listed_are_counted_with_the_command_that_lists_them(tmp_path):
+    from conftest import fake_run
+
+    from opcollect.images.bump_report import MOVED_SHOWN, moved_section
+    from opcollect.plans.gemm import GemmCase
+    from opcollect.project import find_project
+    from opcollect.tables.merge import merge
+    from opcollect.tables.noise import DEFAULT_THRESHOLDS
+
+    cases = [GemmCase("bfloat16", m, 1024, 4096) for m in range(1, MOVED_SHOWN + 4)]
+    tables = tmp_path / "tables"
+    say = lambda line: None  # noqa: E731
+    merge([fake_run(tmp_path / "old", cases, version="0.24.0")], tables, find_project(), say=say)
+    new = fake_run(tmp_path / "new", cases, version="0.25.0", run_id="r2", latency=1.5)
+    merge([new], tables, find_project(), say=say)
+    section = moved_section(tables, tables, "vllm", "0.24.0", "0.25.0", DEFAULT_THRESHOLDS)
+    listed = [line for line in section.splitlines() if line.startswith("- `op_name=gemm")]
+    assert len(listed) == MOVED_SHOWN
+    assert section.endswith("\n- and 3 more: `opcollect compare` the two tables\n"), section[-300:]
+
+
+@pytest.mark.parametrize(
+    "first_line", ["# Notes on the bump", "# Pin bump: vllm 0.23.0 -> 0.24.0", "# Pin bump: sglang 0.24.0 -> 0.25.0"]
+)
+def test_a_report_that_does_not_start_with_its_bump_header_is_refused(tmp_path, first_line):
+    from opcollect.errors import InputError
+    from opcollect.images.bump_report import apply_moved
+    from opcollect.project import ProjectTree
+
+    report = tmp_path / "docs" / "bumps" / "vllm-0.25.0.md"
+    report.parent.mkdir(parents=True)
+    report.write_text(f"{first_line}\n\nmore\n")
+    with pytest.raises(InputError) as refused:
+        apply_moved(ProjectTree(tmp_path), "vllm", "0.25.0", tmp_path / "tables")
+    assert str(refused.value) == f"{report}: its first line is no '# Pin bump: vllm OLD -> 0.25.0'; bump again"
+    assert report.read_text() == f"{first_line}\n\nmore\n"

@@ -6,6 +6,7 @@ failures and plans are in its .opcollect/; TABLES/<system>.yaml is the system sp
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -20,10 +21,11 @@ from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
 from opcollect.tables.merge import merge
+from opcollect.tables.observed import KERNELS
 from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 from opcollect.tables.sidecar import SidecarV1, read_sidecar
-from opcollect.tables.verify import verify_tables
+from opcollect.tables.verify import sha256_file, verify_tables
 
 CASES = [GemmCase("bfloat16", m, n, 1024) for m in (1, 8, 64) for n in (1024, 2048)]
 DIR = "h200_sxm/gemm/vllm/0.24.0"
@@ -332,3 +334,177 @@ def test_a_schema_break_in_one_table_does_not_hide_another_tables_findings(tmp_p
     rules = {(f.rule, Path(f.path).name) for f in check_tables(tables)}
     assert ("R1", "context_attention_perf.parquet") in rules
     assert ("R2", "generation_attention_perf.parquet") in rules
+
+
+def test_check_without_a_sidecar_is_bad_input(tmp_path):
+    (tmp_path / "gemm_perf.parquet").write_bytes(b"")
+    with pytest.raises(InputError) as raised:
+        check_tables(tmp_path)
+    assert str(raised.value) == (
+        f"{tmp_path}: no collection_meta.yaml below it; give the TABLES directory of `opcollect merge`"
+    )
+
+
+def test_r5_a_table_the_record_names_that_no_schema_knows(tables):
+    """The record and collection_meta.yaml agree on a table name no schema has: R5 names it, the file is uncovered."""
+    for path in (tables / DIR / "collection_meta.yaml", tables / DIR / PROVENANCE):
+        _edit_yaml(path, lambda d: d["tables"].update(bogus_perf=d["tables"].pop("gemm_perf")))
+    assert sorted((f.path, f.message, f.keys) for f in _r5(tables)) == [
+        (str(tables / DIR), "taken for tables by the consumer, not in collection_meta.yaml", ("gemm_perf.parquet",)),
+        (str(tables / DIR / PROVENANCE), "unknown table 'bogus_perf'", ()),
+    ]
+
+
+def test_r5_a_system_spec_naming_an_nccl_version_the_tree_lacks(tables):
+    """The spec's misc.nccl_version (2.26.2, from the run) must be one of the tree's comm/nccl/ directories."""
+    nccl = tables / "h200_sxm/comm/nccl"
+    (nccl / "2.29.2").mkdir(parents=True)
+    [finding] = _r5(tables)
+    assert finding.path == str(tables / "h200_sxm.yaml") and finding.keys == ("2.29.2",)
+    assert finding.message == "misc.nccl_version '2.26.2': no such comm/nccl/"
+    (nccl / "2.26.2").mkdir()
+    assert _r5(tables) == []
+
+
+def test_r5_skips_legacy_layout_directories_and_files_where_version_directories_lie(tables):
+    """<system>/<family>/<backend>/<version> with tables and no sidecar is R5; a legacy-layout backend's
+    subdirectory (<system>/vllm/<version>/<dir>) and a file at a version directory's depth are no version directory."""
+    legacy = tables / "h200_sxm/vllm/0.24.0/extra"
+    legacy.mkdir(parents=True)
+    (legacy / "gemm_perf.txt").write_text("x")
+    (tables / "h200_sxm/gemm/vllm/notes.txt").write_text("x")
+    assert _r5(tables) == []
+    family = tables / "h200_sxm/moe/vllm/0.24.0"
+    family.mkdir(parents=True)
+    (family / "moe_perf.txt").write_text("x")
+    [finding] = _r5(tables)
+    assert (finding.path, finding.keys) == (str(family), ("moe_perf.txt",))
+    assert finding.message == "taken for tables by the consumer, no collection_meta.yaml"
+
+
+def _legacy(tmp_path, change=lambda t: t):
+    """A legacy (schema 1) tree like the reference tables': the vLLM GEMM sidecar and two rows of its table."""
+    directory = tmp_path / "legacy" / "gemm/vllm/0.24.0"
+    directory.mkdir(parents=True)
+    source = REFERENCE / "gemm/vllm/0.24.0"
+    shutil.copy(source / "collection_meta.yaml", directory)
+    pq.write_table(change(pq.read_table(source / "gemm_perf.parquet").slice(0, 2)), directory / "gemm_perf.parquet")
+    return directory
+
+
+def test_legacy_findings_name_rows_by_their_key_values(tmp_path):
+    """A legacy table has no case IDs: check names an offending row by its key columns (op_name on), not latency."""
+
+    def negative(t):
+        return t.set_column(t.schema.get_field_index("latency"), "latency", pa.array([1.5, -1.0]))
+
+    directory = _legacy(tmp_path, negative)
+    [finding] = check_tables(tmp_path / "legacy")
+    assert (finding.rule, finding.path, finding.message) == (
+        "R3",
+        str(directory / "gemm_perf.parquet"),
+        "latency not finite and positive",
+    )
+    assert finding.keys == (
+        "op_name=gemm,kernel_source=CutlassFP8ScaledMMLinearKernel,gemm_dtype=fp8,m=32768,n=4096,k=65536",
+    )
+
+
+def test_legacy_table_that_does_not_read_and_tables_not_there(tmp_path):
+    directory = _legacy(tmp_path)
+    assert check_tables(tmp_path / "legacy") == []
+    path = directory / "gemm_perf.parquet"
+    path.write_bytes(b"not parquet")
+    [finding] = check_tables(tmp_path / "legacy")
+    assert (finding.rule, finding.path) == ("R1", str(path))
+    assert finding.message.startswith("not a readable parquet table (")
+    # a table the sidecar lists that the directory lacks, or that no schema knows, has nothing to check
+    path.unlink()
+    _edit_yaml(directory / "collection_meta.yaml", lambda d: d["tables"].update(bogus_perf={"status": "complete"}))
+    (directory / "bogus_perf.parquet").write_bytes(b"not parquet")
+    assert check_tables(tmp_path / "legacy") == []
+
+
+# ---- R9 over the kernels file (tables/observed.py); no torch needed, so here rather than test_observed_kernels.py
+KERNELS_FILE = f"{DIR}/.opcollect/gemm_kernels.parquet"
+
+
+def _kernels(tables, change):
+    """The kernels file rewritten by ``change``, and the manifest told (as a TABLES another writer made)."""
+    path = tables / KERNELS_FILE
+    pq.write_table(change(pq.read_table(path)), path)
+    manifest = json.loads((tables / "manifest.json").read_text())
+    manifest["files"][KERNELS_FILE] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    (tables / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+def _column(table, name, values):
+    return table.set_column(table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type))
+
+
+def _r9(tables, strict=False):
+    return [(f.path, f.message, f.keys, f.warning) for f in check_tables(tables, strict=strict) if f.rule == "R9"]
+
+
+def test_r9_a_kernels_file_that_does_not_read_or_has_other_columns(tables):
+    path = tables / KERNELS_FILE
+    path.write_bytes(b"not parquet")
+    [(where, message, keys, warning)] = _r9(tables)
+    assert (where, keys, warning) == (str(path), (), False)
+    assert message.startswith("not a readable parquet table (")
+    shutil.copy(tables / DIR / "gemm_perf.parquet", path)  # parquet, but not the kernels file's columns
+    [(where, message, keys, warning)] = _r9(tables)
+    assert (where, keys, warning) == (str(path), (), False)
+    names = pq.read_schema(path).names
+    assert message == f"columns {names} are not {KERNELS.names}"
+
+
+def test_merge_into_tables_whose_kernels_file_has_other_columns_is_bad_input(tables, tmp_path):
+    path = _kernels(tables, lambda t: t.drop_columns(["kernels_unread"]))
+    assert verify_tables(tables).clean
+    with pytest.raises(InputError) as raised:
+        merge([tmp_path / "run"], tables, find_project())
+    assert str(raised.value) == (
+        f"{path}: columns ['case_id', 'dispatch', 'kernel_source', 'kernels'] are not {KERNELS.names}; "
+        "re-merge into a new TABLES"
+    )
+
+
+def test_r9_a_label_other_than_the_plans_dispatch(tmp_path):
+    """A row labelled DeepGEMM where its plan dispatched CUTLASS: a warning, a violation with --strict."""
+    tables = tmp_path / "tables"
+    cases = [GemmCase("fp8_block", m, 4096, 7168) for m in (1, 64)]
+    merge([fake_run(tmp_path / "run", cases, kernel_source="DeepGemmFp8BlockScaledMMKernel")], tables, find_project())
+    assert _r9(tables) == []
+    _kernels(
+        tables, lambda t: _column(t, "dispatch", ["CutlassFp8BlockScaledMMKernel", "DeepGemmFp8BlockScaledMMKernel"])
+    )
+    wanted = (
+        str(tables / DIR / "gemm_perf.parquet"),
+        "1 rows report another kernel_source than their plan's dispatch",
+        (
+            "gemm:fp8_block:m=1,n=4096,k=7168 "
+            "(CutlassFp8BlockScaledMMKernel planned, DeepGemmFp8BlockScaledMMKernel ran)",
+        ),
+    )
+    assert _r9(tables) == [(*wanted, True)]
+    assert _r9(tables, strict=True) == [(*wanted, False)]
+
+
+def test_r9_a_label_the_backends_kernel_table_does_not_know(tmp_path):
+    """Rows that observed kernels under a label backends/vllm/kernels.py lacks: a warning even with --strict, counted
+    per label; a row that observed nothing is not counted."""
+    tables = tmp_path / "tables"
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 8, 64)]
+    merge([fake_run(tmp_path / "run", cases, kernel_source="MysteryKernel")], tables, find_project())
+    assert _r9(tables) == []
+    _kernels(tables, lambda t: _column(t, "kernels", [["void mystery_gemm"], ["void mystery_gemm"], []]))
+    assert _r9(tables, strict=True) == [
+        (
+            str(tables / DIR / "gemm_perf.parquet"),
+            "kernel_source labels the vllm kernel table does not know (backends/vllm/kernels.py)",
+            ("MysteryKernel (2 rows)",),
+            True,
+        )
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -10,7 +12,7 @@ from conftest import REFERENCE, fake_run, run_cli
 from opcollect.errors import InputError
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
-from opcollect.tables.compare import compare_tables
+from opcollect.tables.compare import compare_tables, version_pairs
 from opcollect.tables.merge import merge
 
 
@@ -89,3 +91,69 @@ def test_tables_of_two_ops_are_named_as_such(tmp_path):
     ) as e:
         compare_tables(tmp_path / "t", REFERENCE / "attention")
     assert "--op" not in str(e.value)
+
+
+def test_an_absent_path_and_tables_without_a_shared_key(tmp_path):
+    with pytest.raises(InputError) as e:
+        compare_tables(tmp_path / "absent", REFERENCE / "gemm")
+    assert str(e.value) == f"{tmp_path / 'absent'}: no such table or directory"
+    a, b = tmp_path / "a", tmp_path / "b"
+    merge([fake_run(tmp_path / "ra", [GemmCase("bfloat16", 1, 1024, 1024)])], a, find_project())
+    merge([fake_run(tmp_path / "rb", [GemmCase("bfloat16", 2, 1024, 1024)])], b, find_project())
+    with pytest.raises(InputError) as e:
+        compare_tables(a, b)
+    perf = "h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"
+    assert str(e.value) == f"{a / perf} and {b / perf} share no key; are they the same op and grid?"
+
+
+def test_version_pairs_join_only_the_tables_opcollect_writes(tmp_path):
+    """bump-report's pairs: each table of the backend at OLD with the same table at NEW; a table no schema of ours
+    names (nothing to join it on) and a table NEW lacks make no pair."""
+    tables = tmp_path / "t"
+    cases = [GemmCase("bfloat16", 1, 1024, 1024)]
+    merge(
+        [fake_run(tmp_path / "a", cases), fake_run(tmp_path / "b", cases, version="0.25.0", run_id="b")],
+        tables,
+        find_project(),
+    )
+    old, new = tables / "h200_sxm/gemm/vllm/0.24.0", tables / "h200_sxm/gemm/vllm/0.25.0"
+    for directory in (old, new):
+        (directory / "custom_perf.parquet").write_bytes((old / "gemm_perf.parquet").read_bytes())
+    (old / "moe_perf.parquet").write_bytes((old / "gemm_perf.parquet").read_bytes())
+    assert version_pairs(tables, tables, "vllm", "0.24.0", "0.25.0") == [
+        (old / "gemm_perf.parquet", new / "gemm_perf.parquet")
+    ]
+
+
+def test_plot_without_matplotlib_is_one_line(tmp_path):
+    a = tmp_path / "a"
+    merge([fake_run(tmp_path / "ra", [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 2)])], a, find_project())
+    blocker = tmp_path / "blocker" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    png = tmp_path / "ratio.png"
+    done = run_cli(
+        "compare",
+        str(a),
+        str(a),
+        "--plot",
+        str(png),
+        env={"PYTHONPATH": os.pathsep.join(filter(None, (str(blocker.parent), os.environ.get("PYTHONPATH"))))},
+    )
+    assert (
+        done.returncode == 2
+        and done.stderr == "opcollect: error: --plot needs matplotlib: pip install 'opcollect[plot]'\n"
+    )
+    assert not png.exists()
+
+
+def test_the_summary_names_the_tenth_and_ninetieth_percentiles_of_the_ratios(tmp_path):
+    """Eleven keys whose NEW/OLD ratios are 1.0, 1.1, ..., 2.0: p10 1.1, median 1.5, p90 1.9."""
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in range(1, 12)]
+    a, b = tmp_path / "a", tmp_path / "b"
+    merge([fake_run(tmp_path / "ra", cases, latency=1.0)], a, find_project(), say=lambda line: None)
+    merge([fake_run(tmp_path / "rb", cases, latency_of=lambda c: 1.0 + (c.m - 1) / 10)], b, find_project(),
+          say=lambda line: None)  # fmt: skip
+    c = compare_tables(a, b, op="gemm")
+    assert c.shared == 11 and (round(c.p10, 6), round(c.median, 6), round(c.p90, 6)) == (1.1, 1.5, 1.9)
+    assert [round(ratio, 6) for *_, ratio in c.largest][:2] == [2.0, 1.9]

@@ -204,3 +204,98 @@ def test_star_imports_and_keyword_only_parameters_resolve_as_python_reads_them(t
         "src/opcollect/backends/vllm/gemm.py:2: vllm.hidden: not defined in vllm (nor re-exported there)",
         "src/opcollect/backends/vllm/gemm.py:4: vllm.unlisted: no parameter 'page'",
     ]
+
+
+def _release(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def _runner(tmp_path: Path, backend: str, text: str) -> Path:
+    runners = tmp_path / "src" / "opcollect" / "backends" / backend
+    runners.mkdir(parents=True)
+    (runners / "gemm.py").write_text(text)
+    return runners.parent
+
+
+def test_release_shapes_python_itself_resolves_are_found_and_the_others_reported(tmp_path):
+    """A submodule of a namespace package imported by name, a module re-exported with `import x.y as z`, an
+    `__all__` that is not a literal (every public name then exported), a module that does not parse, a star-import
+    cycle (followed to a bound, then reported), and a dataclass whose base is a plain class (its parameters are
+    unknown, so no keyword is reported): each resolves or is reported as Python would read it."""
+    release = _release(
+        tmp_path / "release",
+        {
+            "vllm/__init__.py": "from vllm.ns import sub\nfrom vllm.dyn import *\n",
+            "vllm/ns/sub.py": "X = 1\n",  # vllm/ns has no __init__.py: a namespace package
+            "vllm/compat.py": "import torch.nn.functional as F\n",
+            "vllm/dyn.py": "__all__ = ['kept'] + EXTRA\n\ndef kept():\n    pass\n\ndef spare(a):\n    pass\n",
+            "vllm/broken.py": "def f(:\n",
+            "vllm/loop_a.py": "from vllm.loop_b import *\n",
+            "vllm/loop_b.py": "from vllm.loop_a import *\n",
+            "vllm/config.py": (
+                "from dataclasses import dataclass\n\nclass Plain:\n    def __init__(self, a):\n        pass\n\n"
+                "@dataclass\nclass Mixed(Plain):\n    b: int = 0\n"
+            ),
+        },
+    )
+    backends = _runner(
+        tmp_path,
+        "vllm",
+        "def f():\n    from vllm import sub, spare\n    from vllm.compat import F\n"
+        "    from vllm.broken import g\n    from vllm.loop_a import nowhere\n    from vllm.config import Mixed\n"
+        "    spare(a=1)\n    Mixed(a=1, z=2)\n",
+    )
+    checked, misses, unchecked = contract("vllm", [release], backends)
+    runner = "src/opcollect/backends/vllm/gemm.py"
+    assert sorted(m.render() for m in misses) == [
+        f"{runner}:4: vllm.broken.g: not defined in vllm.broken (nor re-exported there)",
+        f"{runner}:5: vllm.loop_a.nowhere: not defined in vllm.loop_a (nor re-exported there)",
+    ]
+    assert (checked, unchecked) == (8, [])
+
+
+def test_a_missing_module_a_bad_wheel_and_a_runner_without_the_framework_are_named(tmp_path):
+    release = _release(tmp_path / "release", {"vllm/__init__.py": "X = 1\n"})
+    backends = _runner(tmp_path, "vllm", "def f():\n    import vllm.gone\n    from vllm.absent import Y\n")
+    _, misses, _ = contract("vllm", [release], backends)
+    runner = "src/opcollect/backends/vllm/gemm.py"
+    assert [m.render() for m in misses] == [
+        f"{runner}:2: vllm.gone: no such module in the release",
+        f"{runner}:3: vllm.absent.Y: no module vllm.absent in the release",
+    ]
+    wheel = tmp_path / "vllm-0.0-py3-none-any.whl"
+    wheel.write_bytes(b"not a zip archive")
+    with pytest.raises(InputError) as refused:
+        contract("vllm", [wheel], backends)
+    assert str(refused.value) == f"{wheel}: not a wheel (bad zip); download it again with pip download"
+    with pytest.raises(InputError) as refused:
+        contract("torch", [release], backends)
+    assert str(refused.value) == (
+        "contract torch: not a framework backend (vllm, sglang, trtllm); the torch backend has no pin"
+    )
+    (backends / "sglang").mkdir()
+    (backends / "sglang" / "gemm.py").write_text("import vllm\nimport torch\n")
+    with pytest.raises(InputError) as refused:
+        contract("sglang", [release], backends)
+    assert str(refused.value) == (
+        f"contract sglang: checked nothing: no runner under {backends / 'sglang'} imports sglang"
+    )
+
+
+def test_fetching_wheels_refuses_a_backend_without_one_and_names_pips_failure(tmp_path, monkeypatch):
+    from opcollect.backends.symbols import NO_WHEEL, fetch_wheels
+
+    with pytest.raises(InputError) as refused:
+        fetch_wheels("trtllm", "1.0", tmp_path)
+    assert str(refused.value) == NO_WHEEL["trtllm"]
+    with pytest.raises(InputError) as refused:
+        fetch_wheels("torch", "2.0", tmp_path)
+    assert str(refused.value) == "torch has no framework release to check"
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip looks at no index: it fails at once, offline
+    with pytest.raises(InputError) as refused:
+        fetch_wheels("vllm", "0.0.0", tmp_path, timeout=120)
+    # pip's last line of stderr says why
+    assert str(refused.value) == "pip cannot fetch vllm==0.0.0 (ERROR: No matching distribution found for vllm==0.0.0)"

@@ -270,3 +270,15 @@ def test_a_cpu_run_records_wall_seconds_and_its_summary_sets_predicted_against_m
     records = [json.loads(x) for p in (tmp_path / "run" / "shards").glob("*.jsonl") for x in p.read_text().splitlines()]
     walls = [r["wall_seconds"] for r in records if "case_id" in r]
     assert len(walls) == 2 and all(w > 0 for w in walls)
+
+
+def test_an_sm_without_a_system_is_dealt_by_case_count(planner, project):
+    """No systems/*.yaml has SM 8.6: each case costs 1 and a batch row its case count. torch's smoke GEMM (4 cases)
+    and NCCL rows of 1, 2 and 1 cases: the 2-case row goes first, then the single units fill the lighter shard."""
+    whole = planner.plan("torch", "86", PlanOptions(ops=("gemm", "comm"), smoke=True))
+    assert [len(row.case_ids) for row in whole.ops["comm"].rows] == [1, 2, 1] and len(whole.ops["gemm"].ids) == 4
+    dealt = deal_plan(whole, 2, project.systems)
+    assert dealt.seconds == (4.0, 4.0) and dealt.balance == 1.0
+    assert dealt.owner == {"gemm": [1, 1, 0, 1], "comm": [0, 0, 1]}
+    dealt = deal_plan(whole, 3, project.systems)
+    assert sorted(dealt.seconds) == [2.0, 3.0, 3.0] and dealt.owner["comm"][1] == 0

@@ -291,3 +291,68 @@ def test_plain_plan_never_imports_pyarrow():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---- edges: a hidden file, a table of no key column, one key column, a null key, no rows, patterns left off
+
+
+def test_a_hidden_table_file_is_not_read(tables):
+    hidden = tables / "h200_sxm" / "gemm" / "vllm" / "1.0" / ".gemm_perf.parquet"
+    hidden.write_bytes(b"a dot-file: never read")
+    paths = [t["path"] for t in coverage_of(_plan(), tables)["tables"]]
+    assert "h200_sxm/gemm/vllm/1.0/gemm_perf.parquet" in paths and not [p for p in paths if "/." in p]
+
+
+def test_a_table_without_any_key_column_of_its_op_is_refused(tmp_path):
+    path = tmp_path / "gemm_perf.parquet"
+    _write(path, "VLLM", "gemm", [{"hidden_size": 8}])
+    case = OPS["gemm"].case_type(gemm_dtype="bfloat16", m=1, n=128, k=256)
+    with pytest.raises(InputError) as raised:
+        table_coverage(OPS["gemm"], [tuple(case)], path, "vllm")
+    assert str(raised.value) == (
+        f"{path}: none of the gemm key columns (gemm_dtype, m, n, k) is in this table; is it a table of another op? "
+        "Restore it or leave it out of TABLES"
+    )
+
+
+def _one_column(path: Path, m: list) -> Path:
+    """A GEMM table whose only key column is m (nullable), kernel_source 'k'."""
+    n = len(m)
+    columns = {"framework": ["VLLM"] * n, "version": ["1.0"] * n, "device": ["H200"] * n, "op_name": ["gemm"] * n}
+    columns |= {"kernel_source": ["k"] * n, "m": pa.array(m, pa.int64()), "latency": [0.5] * n}
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_one_key_column_a_null_key_and_no_row_at_a_planned_key(tmp_path):
+    """Keys of one column (and the constant op_name) match the plan's m; a null key sorts last; no row at a
+    planned key: the dispatch line says so."""
+    path = _one_column(tmp_path / "gemm_perf.parquet", [2, None, 1, 8])
+    planned = [tuple(OPS["gemm"].case_type("bfloat16", m, 128, 256)) for m in (8, 16)]
+    found = table_coverage(OPS["gemm"], planned, path, "vllm", ["k", "k"])
+    assert (found["keys"], found["covered"], found["missing"], found["plan_keys"]) == (4, 1, 3, 2)
+    assert [e["m"] for e in found["examples"]] == [1, 2, None]
+    assert found["dispatch"] == {"rows": 1, "agreeing": 1, "percent": 100.0, "disagreements": []}
+    path = _one_column(tmp_path / "gemm_perf.parquet", [2, None])
+    found = table_coverage(OPS["gemm"], planned, path, "vllm", ["k", "k"])
+    assert found["dispatch"]["rows"] == 0
+    report = {"tables_root": "/T", "backend": "vllm", "sm": "90", "plan_hash": "a" * 64, "cases": 2}
+    text = render_coverage({**report, "tables": [{"path": "gemm_perf.parquet", **found}]})
+    assert text.splitlines()[1:] == [
+        "  gemm_perf.parquet (gemm): 0 of 2 keys covered (0.0%), 2 missing; the plan has 2 keys",
+        "      dispatch: no row of the table at a key the plan has",
+        "      m=2: 1 key",
+        "      m=None: 1 key",
+    ]
+    path = _one_column(tmp_path / "gemm_perf.parquet", [])
+    found = table_coverage(OPS["gemm"], planned, path, "vllm")
+    assert (found["keys"], found["covered"], found["percent"], found["patterns"]) == (0, 0, 100.0, [])
+
+
+def test_render_counts_the_patterns_left_off():
+    """The reference GEMM slice (test above): 8 patterns shown of 31, the other 23 hold 2,948 - 1,628 - 7 x 44."""
+    values = [v for v in key_rows(GEMM, "gemm") if v[0] != "fp8_block" and v[1] <= 1024]
+    found = table_coverage(OPS["gemm"], values, GEMM, "vllm")
+    report = {"tables_root": "/T", "backend": "vllm", "sm": "90", "plan_hash": "a" * 64, "cases": len(values)}
+    text = render_coverage({**report, "tables": [{"path": "gemm_perf.parquet", **found}]})
+    assert text.endswith("      m=1793: 44 keys\n      ... 23 more patterns: 1,012 keys\n")

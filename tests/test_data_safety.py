@@ -14,7 +14,9 @@ import pytest
 from conftest import ROOT, fake_run, run_cli
 
 from opcollect.plans.gemm import GemmCase
+from opcollect.project import find_project
 from opcollect.runtime.rundir import read_records
+from opcollect.tables.merge import merge
 from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.sidecar import read_sidecar
 from opcollect.tables.verify import verify_tables
@@ -433,3 +435,69 @@ def test_verify_owns_the_manifest_and_imports_no_store():
     code = "import sys, opcollect.tables.verify; print('opcollect.tables.store' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_merge_into_an_empty_directory_makes_it_tables(tmp_path):
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    merge([fake_run(tmp_path / "run", LEFT)], tables, find_project())
+    assert verify_tables(tables).clean and len(_ids(tables)) == len(LEFT)
+
+
+def test_a_kill_between_the_fallback_renames_is_undone_by_the_next_merge(tmp_path):
+    """Where the file system cannot exchange, commit renames TABLES to .TABLES.old-* and staging to TABLES; a kill
+    between the two leaves no TABLES: the next merge puts the old tree back first and drops killed staging."""
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "left", LEFT)], tables, find_project())
+    tables.rename(tmp_path / ".tables.old-0123abcd")
+    (tmp_path / ".tables.staging-4567cdef" / DIR).mkdir(parents=True)
+    merge([fake_run(tmp_path / "right", RIGHT, run_id="r2")], tables, find_project())
+    assert len(_ids(tables)) == len(LEFT) + len(RIGHT) and verify_tables(tables).clean
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tables")) == [".tables.lock"]
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    """A file size limit (RLIMIT_FSIZE, which a full disk acts like) stops the write after the temporary file is
+    made: the error names the target, the target keeps its old bytes and the temporary file is gone. In a child
+    process, so the limit binds nothing else."""
+    target = tmp_path / "p.json"
+    target.write_text("old\n")
+    code = (
+        "import errno, resource, sys\n"
+        "from opcollect.files import write_atomic\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))\n"
+        "try:\n"
+        "    write_atomic(sys.argv[1], 'x' * 100)\n"
+        "except OSError as exc:\n"
+        "    print(errno.errorcode[exc.errno], exc.filename)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"EFBIG {target}\n", done.stdout + done.stderr
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_a_file_system_error_is_named_by_its_flag_its_file_or_its_command(tmp_path):
+    import argparse
+    import errno
+
+    from opcollect.flags import fs_error
+
+    plan = argparse.Namespace(output=None, verb="plan")
+    assert fs_error(OSError(errno.EPERM, "Operation not permitted", "/x"), plan) is None  # not one it words
+    missing = OSError(errno.ENOENT, "No such file or directory", str(tmp_path / "cases.yaml"))
+    assert fs_error(missing, plan) == f"{tmp_path / 'cases.yaml'}: no such file or directory; check the path"
+    full = OSError(errno.ENOSPC, "No space left on device")  # no file named, no output flag given
+    assert fs_error(full, argparse.Namespace(verb="merge")) == (
+        "opcollect merge: no space left on the device; free space there, or choose a directory on another file system"
+    )
+
+
+def test_a_working_directory_that_is_gone_is_no_entry_of_the_path(tmp_path, monkeypatch):
+    from opcollect.safepath import working_directory_entry
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    assert working_directory_entry([str(gone), "/usr/lib"]) is True
+    gone.rmdir()
+    assert working_directory_entry([str(gone), "/usr/lib"]) is False

@@ -547,3 +547,87 @@ def test_prune_keeps_the_current_image_and_removes_the_older_one(docker_client, 
         docker_client.images.get(kept)
     assert again.returncode == 0 and "pruned 0 images" in again.stdout
     docker_client.images.remove(new_tag)
+
+
+def test_ctrl_c_is_noted_for_the_follower_and_held_back_only_on_the_main_thread():
+    from opcollect.images.container import _check_ctrl_c, _sigint_held, ctrl_c_noted
+
+    with ctrl_c_noted():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises at the next bytecode; never reached
+        with pytest.raises(KeyboardInterrupt):
+            _check_ctrl_c()  # the note stays: a Ctrl-C a finalizer swallowed still stops the follower
+    _check_ctrl_c()  # the note ends with the block
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            held_through = True  # the block ran to its end; the Ctrl-C came after it
+    assert held_through
+    with _sigint_held(reraise=False):
+        os.kill(os.getpid(), signal.SIGINT)  # dropped
+    # off the main thread no handler can be set: both blocks just run
+    ran: list[str] = []
+
+    def worker():
+        with ctrl_c_noted():
+            ran.append("noted")
+        with _sigint_held():
+            ran.append("held")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert ran == ["noted", "held"]
+
+
+def test_a_container_that_cannot_start_is_removed_and_named_in_one_line(docker_client, tmp_path):
+    """The engine cannot make the shards/ mount (a dangling link there): the start fails, the line gives the
+    engine's reason, and the created container is removed again."""
+    from opcollect.images.container import _start
+
+    run_dir = tmp_path / "a-run-directory-whose-name-makes-the-reason-longer-than-the-line-keeps" / "run"
+    for sub in ("events", "logs"):
+        (run_dir / sub).mkdir(parents=True)
+    (run_dir / "shards").symlink_to(tmp_path / "nowhere")
+    run = ContainerRun(LOCAL, tmp_path / "plan.json", run_dir, "cpu", "all", ())
+    said: list[str] = []
+    with pytest.raises(InputError) as refused:
+        _start(docker_client, run, ["--version"], said.append)
+    left = _leftovers(docker_client, tmp_path)
+    for container in left:
+        container.remove(force=True)
+    shards = run_dir.resolve() / "shards"
+    reason = f"error while creating mount source path '{shards}': mkdir {shards}: file exists"
+    assert len(reason) > 200 and str(refused.value) == f"starting the container failed: {reason[:200]}"  # cut short
+    assert said == [] and left == []
+
+
+def test_clearing_holders_passes_over_one_removed_meanwhile(docker_client, tmp_path):
+    from opcollect.images.container import clear_holders
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    options = container_options(ContainerRun(LOCAL, tmp_path / "plan.json", run_dir, "cpu", "all", ()), ["--version"])
+    first, second = (docker_client.containers.create(**options) for _ in range(2))
+
+    class RemovesTheFirstMeanwhile:
+        """The real engine; the first holder goes (another collect's cleanup) between the listing and its removal."""
+
+        def __getattr__(self, name):
+            return getattr(docker_client, name)
+
+        class containers:
+            @staticmethod
+            def list(**kwargs):
+                found = docker_client.containers.list(**kwargs)
+                first.remove(force=True)
+                return found
+
+    try:
+        cleared = clear_holders(RemovesTheFirstMeanwhile(), run_dir)
+        assert cleared == [(second.short_id, "created")]
+        assert _leftovers(docker_client, tmp_path) == []
+    finally:
+        for left in _leftovers(docker_client, tmp_path):
+            left.remove(force=True)

@@ -14,6 +14,7 @@ import pytest
 from conftest import REFERENCE, ROOT, fake_run, run_cli
 
 from opcollect.errors import InputError
+from opcollect.plans.comm import CommCase
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
 from opcollect.tables.consumer import CollectionMeta
@@ -308,3 +309,107 @@ def test_a_run_whose_workers_report_two_nccl_versions_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"NCCL versions \['2.26.2', '2.27.3'\]; run one image"):
         merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
     assert not (tmp_path / "tables" / "h200_sxm").exists()
+
+
+def test_merge_without_a_project_is_bad_input(tmp_path):
+    with pytest.raises(InputError) as raised:
+        merge([fake_run(tmp_path / "run", CASES)], tmp_path / "tables", None)
+    assert str(raised.value) == "merge needs the systems/ of an opcollect checkout; pass --root"
+    assert not (tmp_path / "tables").exists()
+
+
+def _runtime_lines(run, change):
+    """Worker 0's shard with its runtime line changed by ``change`` (a list of lines in, a list out)."""
+    shard = run / "shards" / "r1-w0.jsonl"
+    lines = [json.loads(x) for x in shard.read_text().splitlines()]
+    shard.write_text("".join(json.dumps(x) + "\n" for x in change(lines)))
+
+
+def test_a_run_without_a_worker_identity_or_with_two_is_refused(tmp_path):
+    run = fake_run(tmp_path / "run", CASES)
+    _runtime_lines(run, lambda lines: [x for x in lines if x.get("kind") != "runtime"])
+    with pytest.raises(InputError) as raised:
+        merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
+    assert str(raised.value) == f"{run}: no worker identity in its shards; it recorded nothing to merge"
+    run = fake_run(tmp_path / "two", CASES)
+    _runtime_lines(
+        run,
+        lambda lines: [*lines, {**lines[0], "runtime_id": "r1.w1.1", "worker": 1, "version": "0.25.0"}],
+    )
+    with pytest.raises(InputError) as raised:
+        merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
+    assert str(raised.value) == (
+        f"{run}: mixes devices/versions [('NVIDIA H200', '0.24.0'), ('NVIDIA H200', '0.25.0')]; "
+        "merge runs of one system"
+    )
+    assert not (tmp_path / "tables").exists()
+
+
+def test_runs_of_one_backend_version_with_other_nccl_versions_are_refused(tmp_path):
+    first = fake_run(tmp_path / "a", CASES)
+    second = fake_run(tmp_path / "b", CASES, nccl_version="2.27.3", run_id="b")
+    with pytest.raises(InputError) as raised:
+        merge([first, second], tmp_path / "tables", find_project())
+    assert str(raised.value) == (
+        f"{second}: NCCL 2.27.3, other runs of vllm 0.24.0 on h200_sxm NCCL 2.26.2; merge them into separate TABLES"
+    )
+    assert not (tmp_path / "tables").exists()
+
+
+NCCL_CASES = [CommCase("half", "all_reduce", 8, s) for s in (256, 512)]
+
+
+def test_comm_cases_of_workers_that_reported_no_nccl_version_are_refused(tmp_path):
+    run = fake_run(tmp_path / "run", NCCL_CASES, op="comm", nccl_version=None)
+    with pytest.raises(InputError) as raised:
+        merge([run], tmp_path / "tables", find_project())
+    assert str(raised.value) == (
+        "vllm 0.24.0: its workers reported no nccl_version, and nccl_perf lives under comm/nccl/<nccl_version>/; "
+        "re-run the comm cases with this collector"
+    )
+
+
+def test_an_nccl_table_another_framework_collected_is_kept(tmp_path):
+    """NCCL's table is one per system and NCCL version: the first collector's stays, another's comm cases are told
+    to stay in its run directories; its other tables merge."""
+    tables, said = tmp_path / "tables", []
+    merge([fake_run(tmp_path / "vllm", NCCL_CASES, op="comm")], tables, find_project())
+    path = tables / "h200_sxm/comm/nccl/2.26.2/nccl_perf.parquet"
+    before = path.read_bytes()
+    trtllm = {"backend": "trtllm", "version": "1.3.0rc20", "run_id": "t"}
+    runs = [
+        fake_run(tmp_path / "trt-comm", [CommCase("half", "all_reduce", 8, 1024)], op="comm", **trtllm),
+        fake_run(tmp_path / "trt-gemm", CASES, **trtllm),
+    ]
+    written = merge(runs, tables, find_project(), say=said.append)
+    assert [w.path for w in written] == ["h200_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet"]
+    assert said == [
+        "h200_sxm/comm/nccl/2.26.2: keeps the nccl_perf vllm 0.24.0 collected; NCCL is one table per system and "
+        "NCCL version, so trtllm 1.3.0rc20's comm cases are not merged (its run directories keep them)"
+    ]
+    assert path.read_bytes() == before and verify_tables(tables).clean
+    # another version of the same framework is another collector too
+    said.clear()
+    newer = fake_run(tmp_path / "vllm-new", NCCL_CASES, op="comm", version="0.25.0", run_id="n")
+    assert merge([newer], tables, find_project(), say=said.append) == []
+    assert said == [
+        "h200_sxm/comm/nccl/2.26.2: keeps the nccl_perf vllm 0.24.0 collected; NCCL is one table per system and "
+        "NCCL version, so vllm 0.25.0's comm cases are not merged (its run directories keep them)"
+    ]
+    assert path.read_bytes() == before
+    # the collector that owns it merges into it again
+    again = merge([fake_run(tmp_path / "vllm2", NCCL_CASES[:1], op="comm", run_id="v2")], tables, find_project())
+    assert [w.path for w in again] == ["h200_sxm/comm/nccl/2.26.2/nccl_perf.parquet"]
+
+
+def test_a_shard_torn_by_a_kill_merges_its_complete_records(tmp_path):
+    """A worker killed mid-write leaves a shard whose last line has no newline: that record was never written, so
+    the complete ones merge and nothing is garbage."""
+    run = fake_run(tmp_path / "run", CASES)
+    with open(run / "shards" / "r1-w0.jsonl", "ab") as handle:
+        handle.write(b'{"case_id": "gemm:bfloat16:m=8,n=4096,k=4096", "sta')
+    said = []
+    [written] = merge([run], tmp_path / "tables", find_project(), say=said.append)
+    assert (written.rows, written.failures, written.status) == (len(CASES), 0, "complete") and said == []
+    [event] = read_provenance(tmp_path / "tables" / DIR / PROVENANCE).tables["gemm_perf"].events
+    assert event.garbage_lines == 0

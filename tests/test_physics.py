@@ -12,7 +12,9 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import ROOT, TESTS, fake_run, gemm_plan, run_cli
 
 from opcollect.cases.systems import load_systems
@@ -21,6 +23,7 @@ from opcollect.plans import attention, comm, encoder_attention, gemm, mla, mla_b
 from opcollect.plans.bound import Figures, bound, datasheet
 from opcollect.project import find_project
 from opcollect.tables.merge import merge
+from opcollect.tables.physics import against_physics
 from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 
@@ -320,3 +323,97 @@ def test_every_system_has_the_figures_the_bound_needs():
             assert system.pcie_bytes_per_s > 0 and system.network_bytes_per_s > 0, name
         figures = datasheet(system)
         assert figures.rate("bfloat16") == rates.get("bfloat16"), name
+
+
+# --- --against-physics: what it does not bound ---------------------------------------------------------------------
+def test_against_physics_needs_a_directory(tmp_path):
+    with pytest.raises(InputError) as raised:
+        against_physics(tmp_path / "absent")
+    assert (
+        str(raised.value) == f"--against-physics {tmp_path / 'absent'}: no such directory; give an aiconfigurator tree"
+    )
+    (tmp_path / "gemm_perf.parquet").write_bytes(b"")
+    with pytest.raises(InputError, match="gemm_perf.parquet: no such directory; give an aiconfigurator tree$"):
+        against_physics(tmp_path / "gemm_perf.parquet")
+
+
+def test_against_physics_names_the_tables_it_has_no_bound_for_and_skips_hidden_files(tmp_path):
+    """A table opcollect does not plan and computescale (a difference of timings) have no bound: one warning at the
+    root names them; a dot-directory's files (our failures and plans) are not read; a GEMM table without a key
+    column has no bound either. TABLES layout: <root>/h200_sxm/gemm/..."""
+    root = tmp_path / "tree"
+    directory = root / "h200_sxm/gemm/vllm/0.24.0"
+    directory.mkdir(parents=True)
+    shutil.copy(SLICE / "h200_sxm.yaml", root)
+    table = pq.read_table(SLICE / "gemm/vllm/0.24.0/gemm_perf.parquet")
+    pq.write_table(table.drop_columns(["k"]), directory / "gemm_perf.parquet")
+    for name in ("custom_perf.parquet", "computescale_perf.parquet", ".opcollect/gemm_perf.parquet"):
+        (directory / name).parent.mkdir(exist_ok=True)
+        (directory / name).write_bytes(b"not parquet")
+    (directory / ".opcollect/extras_perf.parquet").write_bytes(b"not parquet")
+    assert [(f.path, f.message, f.keys, f.warning) for f in against_physics(root)] == [
+        (str(directory / "gemm_perf.parquet"), "no bound: key columns missing", ("k",), True),
+        (str(root), "no bound for these tables", ("computescale_perf", "custom_perf"), True),
+    ]
+    pq.write_table(table.drop_columns(["latency"]), directory / "gemm_perf.parquet")
+    assert [f.keys for f in against_physics(root)][0] == ("latency",)
+
+
+def test_against_physics_bounds_a_cpu_table_by_its_records_probe(tmp_path):
+    """A CPU table is bounded by the host figures its provenance record holds; without a record, or a record
+    without them, it has no bound. 1 GFLOP/s float32 x 4 (CPU_HEADROOM): 2*8*64*64 FLOPs take 16.384 us."""
+    tables = tmp_path / "tables"
+    cases = [gemm.GemmCase("float32", 8, 64, 64)]
+    run = fake_run(
+        tmp_path / "run",
+        cases,
+        device="cpu",
+        sm="cpu",
+        backend="torch",
+        version="2.8.0",
+        nccl_version=None,
+        latency=0.01,
+    )
+    merge([run], tables, find_project())
+    directory = tables / "cpu/gemm/torch/2.8.0"
+    perf, record = directory / "gemm_perf.parquet", directory / PROVENANCE
+    none = [(str(perf), "no bound: a CPU table without host figures", (), True)]
+    assert [(f.path, f.message, f.keys, f.warning) for f in against_physics(tables)] == none
+    data = yaml.safe_load(record.read_text())
+    data["system"]["host_figures"] = {
+        "dense_tflops": {"float32": 0.001},
+        "bandwidth_bytes_per_s": 10**9,
+        "cache_bytes": 1024,
+    }
+    record.write_text(yaml.safe_dump(data, sort_keys=False))
+    fast, sol = against_physics(tables)
+    assert fast.message == "1 rows faster than the cpu allows (latency < speed-of-light bound)" and fast.warning
+    assert fast.keys == ("gemm_dtype=float32,m=8,n=64,k=64: latency 0.01 ms < bound 0.016384 ms (compute)",)
+    assert sol.message == "speed of light on cpu: median 163.8%, p10 163.8% of 1 rows; 0 rows under 1% of it"
+    record.unlink()
+    assert [(f.path, f.message, f.keys, f.warning) for f in against_physics(tables)] == none
+
+
+def test_r8_a_record_naming_a_system_the_project_lacks(tmp_path):
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "run", [gemm.GemmCase("bfloat16", 8, 64, 64)])], tables, find_project())
+    [record] = tables.rglob(PROVENANCE)
+    data = yaml.safe_load(record.read_text())
+    data["system"]["name"] = "h300_sxm"
+    record.write_text(yaml.safe_dump(data, sort_keys=False))
+    [finding] = [f for f in check_tables(tables) if f.rule == "R8"]
+    assert (finding.message, finding.warning) == ("no bound: no systems/h300_sxm.yaml", True)
+
+
+def test_r8_broken_project_systems_are_a_warning_of_check(tmp_path, tree_copy):
+    """systems/*.yaml that do not load leave R8 without a bound: a warning naming the error, the other rules run."""
+    tables = tmp_path / "tables"
+    merge([fake_run(tmp_path / "run", [gemm.GemmCase("bfloat16", 8, 64, 64)])], tables, find_project())
+    spec = tree_copy / "systems/h200_sxm.yaml"
+    spec.write_text(spec.read_text().replace("  fp8: 1979\n", "  fp8: -1979\n"))
+    done = run_cli("check", str(tables), cwd=tree_copy, env={"PYTHONPATH": str(tree_copy / "src")})
+    path = tables / "h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"
+    assert done.returncode == 0, done.stderr
+    assert f"R8 warning: {path}: no bound: {spec}: field 'dense_tflops.fp8': Input should be greater than 0" in (
+        done.stdout
+    )

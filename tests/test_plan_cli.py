@@ -204,3 +204,38 @@ def test_the_plan_table_counts_the_cases_its_skips_left_out():
     assert left_out > len(info["skipped"])  # a skip entry leaves out more than one case
     [row] = [line.split() for line in text.splitlines() if line.split()[:3] == ["sglang", "100", "gemm"]]
     assert row[3:5] == [str(info["cases"]), str(left_out)], row
+
+
+def test_a_terminal_gets_a_rich_table_and_an_uncosted_plan_says_so(planner):
+    """On a terminal the same cells as the piped text, in a table titled 'opcollect plan', the footer below it;
+    a summary without a cost (an SM no systems/*.yaml has) says so instead of a prediction."""
+    from opcollect.plans.planner import PlanOptions
+    from opcollect.plans.report import render, summary
+
+    plan = planner.plan("torch", "cpu", PlanOptions(ops=("gemm",)))
+    found = summary(plan)
+    info = found["ops"]["gemm"]
+    dtypes = ", ".join(f"{k}:{v}" for k, v in info["by_dtype"].items())
+    cells = ["torch", "cpu", "gemm", str(plan.total_cases), "0", "-", dtypes, ", ".join(info["by_dispatch"])]
+    footer = (
+        f"torch cpu: {plan.total_cases} cases, plan_hash {plan.plan_hash[:16]}; "
+        "no cost predicted (no systems/*.yaml has this SM)"
+    )
+    plain = render([found], terminal=False).splitlines()
+    assert plain[1].split(None, 6)[:6] == cells[:6] and plain[2:] == [footer]
+    lines = render([found], terminal=True).splitlines()
+    assert lines[0].strip() == "opcollect plan"
+    [header] = [line.strip("┃").split("┃") for line in lines if line.startswith("┃")]
+    assert [c.strip() for c in header] == [
+        "backend",
+        "sm",
+        "op",
+        "cases",
+        "skipped",
+        "predicted",
+        "by dtype",
+        "dispatch",
+    ]
+    [row] = [line.strip("│").split("│") for line in lines if line.startswith("│")]
+    assert [c.strip() for c in row] == cells
+    assert lines[-1] == footer

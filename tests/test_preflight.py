@@ -136,3 +136,64 @@ def test_a_doctored_vllm_from_the_pinned_wheel(tmp_path, monkeypatch):
     assert "ensure_model_parallel_initialized: not defined" in lines[0]
     _names_a_runner_line(lines[0], "ensure_model_parallel_initialized")
     assert not (tmp_path / "run").exists()
+
+
+def _package(site: Path, name: str, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (site / name / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / name / rel).write_text(text)
+    return site
+
+
+def test_a_framework_installed_without_its_kernel_package_is_named_in_the_line(tmp_path, monkeypatch):
+    """SGLang's runners import sglang and sgl_kernel: sglang alone is checked and the line says sgl_kernel is not
+    installed; with sgl_kernel installed elsewhere, the `opcollect contract` command it names gives both places."""
+    site = _package(tmp_path / "site", "sglang", {"__init__.py": NOT_IMPORTED})
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(FrameworkMismatch) as refused:
+        preflight("sglang")
+    message = str(refused.value)
+    assert message.startswith(f"preflight: the installed sglang ({site / 'sglang'}), without sgl_kernel, lacks what ")
+    assert "lists them); run sglang plans in the backend's pinned image" in message
+    assert f"`opcollect contract sglang --source {site}` lists them" in message
+    kernels = _package(tmp_path / "kernels", "sgl_kernel", {"__init__.py": NOT_IMPORTED})
+    monkeypatch.syspath_prepend(str(kernels))
+    with pytest.raises(FrameworkMismatch) as refused:
+        preflight("sglang")
+    message = str(refused.value)
+    assert message.startswith(f"preflight: the installed sglang ({site / 'sglang'}) lacks what a runner uses: ")
+    assert f"`opcollect contract sglang --source {site} --source {kernels}` lists them" in message
+    assert "sglang" not in sys.modules and "sgl_kernel" not in sys.modules
+
+
+def test_locate_finds_packages_and_single_modules_and_nothing_else(tmp_path, monkeypatch):
+    from opcollect.runtime.preflight import locate
+
+    site = _package(tmp_path / "site", "pkg_dir", {"__init__.py": NOT_IMPORTED, "sub/mod.py": "X = 1\n"})
+    (site / "pkg_single.py").write_text(NOT_IMPORTED)
+    monkeypatch.syspath_prepend(str(site))
+    assert locate("pkg_dir") == (site / "pkg_dir",)
+    assert locate("pkg_single") == (site / "pkg_single.py",)  # a package installed as one module
+    assert locate("no_such_package_here") is None
+    assert locate("sys") is None  # built in: no Python source to check
+    monkeypatch.setitem(sys.modules, "spec_less", type(sys)("spec_less"))  # in sys.modules without a spec
+    assert locate("spec_less") is None
+    assert "pkg_dir" not in sys.modules and "pkg_single" not in sys.modules
+
+
+def test_the_installed_files_map_lists_reads_and_refuses_by_release_name(tmp_path):
+    from opcollect.runtime.preflight import InstalledFiles, InstalledRelease
+
+    site = _package(tmp_path / "site", "fw", {"__init__.py": "A = 1\n", "sub/mod.py": "B = 2\n", "data.txt": "x"})
+    (site / "solo.py").write_text("C = 3\n")
+    located = {"fw": (site / "fw",), "solo": (site / "solo.py",)}
+    files = InstalledFiles(located)
+    assert list(files) == ["fw/__init__.py", "fw/sub/mod.py", "solo.py"] and len(files) == 3
+    assert files["fw/sub/mod.py"] == "B = 2\n" and files["solo.py"] == "C = 3\n"
+    for absent in ("fw/gone.py", "other/x.py", "solo/x.py", "fw.py"):
+        assert absent not in files
+        with pytest.raises(KeyError):
+            files[absent]
+    release = InstalledRelease(located)
+    assert release.packages() == {"fw", "solo"}
+    assert release.module_file("fw.sub.mod") == "fw/sub/mod.py" and release.module_file("solo") == "solo.py"

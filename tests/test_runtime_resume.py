@@ -282,3 +282,48 @@ def test_a_plan_from_a_pipe_is_never_run_beside_an_empty_plan_json(tmp_path):
     assert "--plan /dev/fd/" in done.stderr
     assert not (run_dir / "shards").exists() or not list((run_dir / "shards").iterdir())  # nothing measured
     assert not (run_dir / "plan.json").exists()
+
+
+def test_the_plan_kept_in_the_run_directory_is_the_plan_that_was_read(tmp_path):
+    """plan_bytes reads the plan file again for RUN_DIR/plan.json: a device is refused (it cannot be read twice),
+    and a file that no longer holds the plan read first, or no plan at all, is refused as changed."""
+    from opcollect.errors import InputError
+    from opcollect.runtime.planfile import read_plan
+    from opcollect.runtime.rundir import plan_bytes
+
+    path = gemm_plan(tmp_path / "plan.json", SHAPES[:2])
+    plan = read_plan(path)
+    assert plan_bytes(path, plan) == path.read_bytes()
+    with pytest.raises(InputError) as refused:
+        plan_bytes(Path("/dev/null"), plan)
+    assert str(refused.value) == (
+        "--plan /dev/null: not a regular file (a pipe or device), so the run directory cannot keep it; save the plan "
+        "as a file (`opcollect plan -o p.json`) and give that"
+    )
+    changed = f"--plan {path}: changed while the run started; give a plan file nobody is writing"
+    for replacement in (gemm_plan(tmp_path / "other.json", SHAPES[2:4]).read_bytes(), b'{"ops": '):
+        path.write_bytes(replacement)
+        with pytest.raises(InputError) as refused:
+            plan_bytes(path, plan)
+        assert str(refused.value) == changed
+
+
+def test_a_run_directory_is_described_by_hash_shard_and_selection_and_a_used_path_is_refused(tmp_path):
+    from opcollect.errors import InputError
+    from opcollect.runtime.rundir import check_fresh, describe_identity
+
+    held = {"plan_hash": "ab12", "shard": "2/4", "selection": {"ops": ["gemm", "moe"], "smoke": True}}
+    assert describe_identity(held) == "plan_hash ab12 shard 2/4 (gemm,moe smoke)"
+    held["selection"]["case_filter"] = "m<=64"
+    assert describe_identity(held) == "plan_hash ab12 shard 2/4 (gemm,moe smoke filter 'm<=64')"
+    assert describe_identity({"plan_hash": "cd34", "shard": None, "selection": None}) == "plan_hash cd34 ()"
+    check_fresh(tmp_path / "new")  # a new path
+    (tmp_path / "empty").mkdir()
+    check_fresh(tmp_path / "empty")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("")
+    for taken in (tmp_path / "used", tmp_path / "file"):
+        with pytest.raises(InputError) as refused:
+            check_fresh(taken)
+        assert str(refused.value) == f"{taken}: exists and is not a run directory; choose an empty or new --out"

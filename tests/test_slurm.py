@@ -394,3 +394,32 @@ def test_the_slurm_record_round_trips_and_each_damage_is_named(tmp_path):
     (tmp_path / "slurm.json").symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(InputError, match="a symlink"):
         read_record(tmp_path)
+
+
+def test_a_submission_the_controller_refuses_is_one_line_naming_its_reason(cluster, tmp_path):
+    from opcollect.cluster import slurm
+    from opcollect.errors import InputError
+
+    script = tmp_path / "refused.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --partition=no-such-partition\n#SBATCH --output=/dev/null\ntrue\n")
+    with pytest.raises(InputError) as refused:
+        slurm.sbatch(script)
+    said = str(refused.value)
+    assert said.startswith("sbatch refused.sh: the Slurm controller refused or did not answer (sbatch: error: ")
+    assert "invalid partition" in said.lower() and "\n" not in said
+
+
+def test_task_states_read_the_queue_of_an_array_and_a_job_slurm_does_not_know_is_none(cluster, tmp_path):
+    from opcollect.cluster import slurm
+
+    script = tmp_path / "sleepers.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --array=0-1\n#SBATCH --output=/dev/null\nsleep 120\n")
+    job = slurm.sbatch(script)
+    try:
+        states = slurm.task_states(job)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    # squeue answers for both tasks (sacct refuses here: this cluster keeps no accounting storage)
+    assert sorted(states) == [0, 1] and set(states.values()) <= {"PENDING", "RUNNING", "CONFIGURING"}, states
+    # a job ID the queue does not know: squeue refuses it and sacct has no accounting: Slurm does not say
+    assert slurm.task_states("999999") is None

@@ -196,3 +196,32 @@ def test_the_reader_bounds_size_and_refuses_a_link_out_of_its_tree(tmp_path):
     deep.write_text("x = " + "(" * 100_000 + ")" * 100_000 + "\n")
     with pytest.raises(InputError, match="deep.py: (nested too deeply to parse as Python|not Python)"):
         parse_python(deep, "runner source", "fix", limit=1 << 20)
+
+
+def test_a_file_larger_than_its_size_read_to_the_limit_and_errors_while_reading_are_one_line(tmp_path):
+    """A /proc file says it holds 0 bytes and holds more (as a file growing while read does): it is read whole
+    in blocks up to the limit, refused past it; a read that fails, a file that is not UTF-8, and Python nested
+    past the parser's limits are one line each."""
+    from opcollect.errors import InputError
+    from opcollect.inputs import parse_python, read_bytes, read_text
+
+    status = Path("/proc/self/status")
+    assert status.stat().st_size == 0
+    data = read_bytes(status, "status", "fix", limit=1 << 20)
+    assert data.startswith(b"Name:\t") and b"\nPid:\t" in data and len(data) > 200
+    with pytest.raises(InputError) as refused:
+        read_bytes(status, "status", "fix", limit=100)
+    assert str(refused.value) == "/proc/self/status: over the 100 bytes a status may hold; fix"
+    with pytest.raises(InputError) as refused:
+        read_bytes(Path("/proc/self/mem"), "plan", "fix", limit=100)  # a regular file whose offset 0 cannot be read
+    assert str(refused.value) == "/proc/self/mem: cannot read plan (Input/output error); fix"
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(InputError) as refused:
+        read_text(latin, "case file", "save it as UTF-8", limit=100)
+    assert str(refused.value) == f"{latin}: not UTF-8 (byte 0xe9 at offset 9); save it as UTF-8"
+    deep = tmp_path / "unary.py"
+    deep.write_text("x = " + "-" * 100_000 + "1\n")  # past the parser's stack, not its nesting rule
+    with pytest.raises(InputError) as refused:
+        parse_python(deep, "runner source", "fix", limit=1 << 20)
+    assert str(refused.value) == f"{deep}: nested too deeply to parse as Python; fix"
