@@ -102,8 +102,10 @@ def test_a_planted_file_is_unexpected_and_taken_for_a_table(tables):
     """The consumer takes every non-dot file of a version directory for a table: check says so, verify too."""
     (tables / DIR / "notes.txt").write_text("hello")
     (tables / DIR / ".opcollect/notes.txt").write_text("hello")  # where the consumer does not read
+    (tables / DIR / ".opcollect/manifest.json").write_text("{}")  # a manifest's name below the root is a file too
     report = verify_tables(tables)
-    assert report.unexpected == [f"{DIR}/.opcollect/notes.txt", f"{DIR}/notes.txt"] and report.missing == []
+    planted = [f"{DIR}/.opcollect/manifest.json", f"{DIR}/.opcollect/notes.txt", f"{DIR}/notes.txt"]
+    assert report.unexpected == planted and report.missing == []
     assert run_cli("verify", str(tables)).returncode == 1
     [finding] = _r5(tables)
     assert finding.path == str(tables / DIR) and finding.keys == ("notes.txt",)

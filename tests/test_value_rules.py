@@ -28,7 +28,7 @@ from opcollect.tables.values import record_faults
 from opcollect.tables.verify import verify_tables
 
 DIR = "h200_sxm/gemm/vllm/0.24.0"
-CASES = [GemmCase("bfloat16", m, 1024, 1024) for m in range(1, 18)]
+CASES = [GemmCase("bfloat16", m, 1024, 1024) for m in range(1, 19)]
 
 
 def _id(m: int) -> str:
@@ -66,7 +66,7 @@ def _ids(tables) -> set[str]:
     return set(pq.read_table(tables / DIR / "gemm_perf.parquet")["case_id"].to_pylist())
 
 
-# every way a status=ok record can fail the rules, one case each; m=17 stays good
+# every way a status=ok record can fail the rules, one case each; m=18 stays good
 BROKEN = {
     _id(1): _set(stats=None),  # status ok with no stats
     _id(2): _stats(latency=float("nan")),
@@ -84,6 +84,7 @@ BROKEN = {
     _id(14): _stats(latency="fast"),
     _id(15): _set(status="bogus"),
     _id(16): _set(attempt=0),  # attempts count from 1
+    _id(17): lambda record: record.pop("recorded_at"),  # no time: it could win over any timed record
 }
 
 
@@ -96,12 +97,12 @@ def test_merge_admits_only_records_that_pass_the_value_rules(tmp_path):
     assert f"{run}: skipped {len(BROKEN)} garbage shard lines (2 not a record, " in done.stdout, done.stdout
     # each line once, under the first rule it breaks: no stats, NaN, negative and 0 are the latency's four
     assert (
-        "(2 not a record, 1 status neither ok nor failed, 1 attempt below 1, 2 recorded_at unparsable or in the "
+        "(2 not a record, 1 status neither ok nor failed, 1 attempt below 1, 3 recorded_at unparsable or in the "
         "future, 4 latency not "
         "finite and positive, 2 0 <= p25 <= latency <= p75 broken, 1 samples below 1, 2 noise not finite and >= 0, 1 "
         "timing not one of graph, eager, cpu, none)"
     ) in done.stdout, done.stdout
-    assert _ids(tables) == {_id(17)}  # none of the broken records became a row, nor a failure
+    assert _ids(tables) == {_id(18)}  # none of the broken records became a row, nor a failure
     assert pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet").num_rows == 0
     [event] = read_provenance(tables / DIR / PROVENANCE).tables["gemm_perf"].events
     assert event.garbage_lines == len(BROKEN) and event.rows == 1
