@@ -510,3 +510,21 @@ def test_r9_a_label_the_backends_kernel_table_does_not_know(tmp_path):
             True,
         )
     ]
+
+
+def test_r6_takes_every_kv_cache_dtype_the_consumer_knows_and_names_one_it_does_not(tmp_path):
+    """aiconfigurator-core's KV cache quant modes are bfloat16, int8 and fp8: an int8 cache is no finding, int4 is
+    a violation in a framework's table."""
+    from opcollect.plans.attention import AttentionCase
+
+    found = {}
+    for kv in ("int8", "fp8", "int4"):
+        cases = [AttentionCase(b, 1, 8, 8, 128, 1, "bfloat16", kv, 1024, 0) for b in (1, 2)]
+        tables = tmp_path / kv
+        run = fake_run(tmp_path / f"run-{kv}", cases, op="attention_generation", backend="trtllm",
+                       version="1.3.0rc23", kernel_source="torch_flow")  # fmt: skip
+        merge([run], tables, find_project(), say=lambda line: None)
+        found[kv] = [f for f in check_tables(tables) if f.rule == "R6"]
+    assert found["int8"] == [] and found["fp8"] == []
+    [unknown] = found["int4"]
+    assert not unknown.warning and "does not know" in unknown.message and "int4" in unknown.keys[0]

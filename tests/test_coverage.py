@@ -356,3 +356,21 @@ def test_render_counts_the_patterns_left_off():
     report = {"tables_root": "/T", "backend": "vllm", "sm": "90", "plan_hash": "a" * 64, "cases": len(values)}
     text = render_coverage({**report, "tables": [{"path": "gemm_perf.parquet", **found}]})
     assert text.endswith("      m=1793: 44 keys\n      ... 23 more patterns: 1,012 keys\n")
+
+
+def test_a_tree_holding_only_mhc_tables_is_read_for_their_coverage(tmp_path):
+    """Every family a plan writes is one --against reads: here mHC's (mhc/<backend>/<version>/mhc_module_perf)."""
+    from conftest import fake_run
+
+    from opcollect.plans.mhc import MhcCase
+    from opcollect.project import find_project
+    from opcollect.tables.merge import merge
+
+    cases = [MhcCase(op, "DeepseekV4ForCausalLM", t, 1, 4, 4096, 20) for op in ("pre", "post") for t in (1, 8)]
+    label = "vllm.model_executor.kernels.mhc.tilelang.mhc_{op}_tilelang"
+    run = fake_run(tmp_path / "run", cases, op="mhc", kernel_source=label)
+    merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
+    plan = plan_of_cases("vllm", "90", "mhc", cases, label, "0" * 64)
+    [table] = coverage_of(plan, tmp_path / "tables")["tables"]
+    assert table["path"] == "h200_sxm/mhc/vllm/0.24.0/mhc_module_perf.parquet"
+    assert (table["keys"], table["covered"], table["missing"], table["dispatch"]["agreeing"]) == (4, 4, 0, 4)

@@ -354,6 +354,22 @@ def test_a_model_config_adds_its_shapes_at_the_tp_sizes_that_split_it(project, t
     assert any("Qwen3.5-dev: tp 8 does not divide both 12 key and 24 value heads" in n for n in plan.notes)
 
 
+def test_a_shape_several_models_bring_is_named_by_the_first(project, tmp_path):
+    """--model-config of a model whose GDN layer is Qwen3.5-9B's: every rank shape it brings is already the grid's,
+    named by the first model that brings it (the grid's), so the plan is the plan without it."""
+    config = tmp_path / "Qwen3.5-twin" / "config.json"
+    config.parent.mkdir()
+    data = json.loads((CONFIGS / QWEN).read_text())
+    data["text_config"].update(
+        hidden_size=4096, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    )  # fmt: skip
+    config.write_text(json.dumps(data))
+    alone = Planner(project).plan("sglang", "90", PlanOptions(ops=("gdn",))).ops["gdn"]
+    both = Planner(project, (config,)).plan("sglang", "90", PlanOptions(ops=("gdn",))).ops["gdn"]
+    assert both.ids == alone.ids and "Qwen3.5-twin" not in {v[-1] for v in both.values}  # an ID names model_name
+
+
 def test_cli_plans_the_cpu_grid_of_both_ops():
     done = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", ",".join(OPS_HERE), "--json")
     assert done.returncode == 0, done.stderr
