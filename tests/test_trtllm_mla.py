@@ -362,3 +362,17 @@ def test_mla_metadata_is_synced_after_prepare(monkeypatch):
     mla_inputs.attention_metadata(backend, "manager", layout, 1, True, False)
     assert events == ["prepare", "sync", "prepare", "sync"]
     assert isinstance(first, Metadata) and first.kwargs["kv_cache_manager"] == "manager"
+
+
+def test_a_module_without_its_decode_backend_fails_before_any_kv_cache_exists(monkeypatch):
+    import torch
+
+    created = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    built = SimpleNamespace(mha=object()), SimpleNamespace(enable_flash_mla=True, extra_attrs={})
+    monkeypatch.setattr(mla_module, "build_module", lambda case, device, layout: built)
+    monkeypatch.setattr(mla_module, "module_label", lambda module, context: "VanillaAttention")
+    monkeypatch.setattr(mla_inputs, "kv_cache", lambda layout, dtype: created.append(dtype))
+    with pytest.raises(AttributeError, match="mqa"):
+        mla_module.module_prepare(mcase(), "default", "cpu", 1, True)
+    assert created == []  # nothing was left for layer_call to shut down

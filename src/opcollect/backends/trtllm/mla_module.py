@@ -275,8 +275,9 @@ def module_prepare(case, dispatch: str, device: str, copies: int, context: bool)
     layout = inputs.kv_layout(case, context, inputs.page_size(capability), copies)
     module, model_config = build_module(case, device, layout)
     source = module_label(module, context)
-    manager = inputs.kv_cache(layout, case.kv_cache_dtype)
+    # read before the KV cache exists: layer_call owns the manager's shutdown from here on
     backend_cls, flash = type(module.mqa), bool(model_config.enable_flash_mla)
+    manager = inputs.kv_cache(layout, case.kv_cache_dtype)
 
     def metadata_of(i: int):
         return inputs.attention_metadata(backend_cls, manager, layout, i, context, flash)
