@@ -15,7 +15,7 @@ Code that runs inside a container is not measured. Lines run only at import (mod
 ``def`` lines, defaults) carry no test; mutants.py charges them to every test that reaches the module.
 
 The map is JSON: {"tests": [node IDs], "files": {"tables/merge.py": {"12": [test indices]}},
-"failed": [node IDs that failed in this run; mutants.py leaves them out]}.
+"failed": [node IDs that failed in this run; mutants.py leaves them out], "seconds": {node ID: seconds}}.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_runtest_logreport(report):
+    with open(os.environ["{DATA_VAR}"].partition("|")[0] + ".seconds", "a") as out:
+        out.write(f"{{report.nodeid}}\\t{{report.duration:.3f}}\\n")
     if report.failed:
         with open(os.environ["{DATA_VAR}"].partition("|")[0] + ".failed", "a") as out:
             out.write(report.nodeid + "\\n")
@@ -112,7 +114,7 @@ def _read(data_dir: Path, source: Path) -> dict:
     import coverage
 
     cov = coverage.Coverage(data_file=str(data_dir / ".coverage"), config_file=False)
-    cov.combine([str(p) for p in data_dir.glob(".coverage.*") if p.suffix != ".failed"])
+    cov.combine([str(p) for p in data_dir.glob(".coverage.*") if p.suffix not in (".failed", ".seconds")])
     data = cov.get_data()
     tests: dict[str, int] = {}
     files: dict[str, dict[str, list[int]]] = {}
@@ -125,7 +127,12 @@ def _read(data_dir: Path, source: Path) -> dict:
         files[rel] = lines
     failed_file = data_dir / ".coverage.failed"
     failed = sorted(set(failed_file.read_text().split("\n")) - {""}) if failed_file.exists() else []
-    return {"tests": list(tests), "files": files, "failed": failed}
+    seconds: dict[str, float] = {}  # setup, call and teardown of each test, summed
+    seconds_file = data_dir / ".coverage.seconds"
+    for line in seconds_file.read_text().splitlines() if seconds_file.exists() else ():
+        node, _, took = line.rpartition("\t")
+        seconds[node] = round(seconds.get(node, 0.0) + float(took), 3)
+    return {"tests": list(tests), "files": files, "failed": failed, "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:

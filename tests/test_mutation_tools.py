@@ -35,6 +35,7 @@ def test_a_line_run_only_in_a_cli_child_is_charged_to_the_test_that_started_it(t
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     found = json.loads(out.read_text())
     assert found["tests"] == [CLI_TEST] and found["failed"] == []
+    assert list(found["seconds"]) == [CLI_TEST] and found["seconds"][CLI_TEST] > 0  # the child's start is in it
     # __main__ runs only in the `python -m opcollect` child; its last line is the exit
     main_lines = found["files"]["__main__.py"]
     last = len((ROOT / "src" / "opcollect" / "__main__.py").read_text().splitlines())
@@ -70,9 +71,23 @@ def test_mapped_tests_are_those_reaching_the_snippet_else_those_reaching_the_mod
     assert mutants.mapped_tests(covermap, "flags.py", "import") == ()  # a module no test reaches
 
 
+def test_mapped_tests_run_the_modules_own_files_first_then_the_cheapest_files_first():
+    mutants = _script("mutants")
+    own = mutants.covering_tests("tables/noise.py")[0]
+    tests = [f"{own}::slow", "tests/test_b.py::x", "tests/test_a.py::y", "tests/test_a.py::z", f"{own}::fast"]
+    seconds = {"tests/test_a.py::y": 3.0, "tests/test_a.py::z": 4.0, "tests/test_b.py::x": 5.0, f"{own}::slow": 60.0}
+    covermap = {"tests": tests, "files": {"tables/noise.py": {"1": [0, 1, 2, 3, 4]}}, "seconds": seconds}
+    # test_a's two tests took 7 s together, test_b's one 5 s: a file's tests stay together, the cheaper file first
+    expected = (f"{own}::fast", f"{own}::slow", "tests/test_b.py::x", "tests/test_a.py::y", "tests/test_a.py::z")
+    assert mutants.mapped_tests(covermap, "tables/noise.py", "import") == expected
+    del covermap["seconds"]  # a map without durations: by name
+    assert mutants.mapped_tests(covermap, "tables/noise.py", "import")[2:] == tuple(sorted(tests[1:4]))
+
+
 def test_a_mapped_mutant_that_passes_runs_its_tests_files_and_its_modules_importers(tmp_path):
     """Where the mapped tests pass, the wider run holds the files importing the module first, then the mapped
-    tests' other files (the slow ones last), with every test that failed in the map's run deselected."""
+    tests' other files (the slow ones last), with every test that failed in the map's run deselected, and the
+    mapped tests too: they have just passed."""
     mutants = _script("mutants")
     text = (ROOT / "src" / "opcollect" / "tables" / "noise.py").read_text().splitlines()
     body = next(i for i, line in enumerate(text, 1) if line.startswith("    ") and line.strip())
@@ -88,6 +103,7 @@ def test_a_mapped_mutant_that_passes_runs_its_tests_files_and_its_modules_import
     assert mutant.tests == ("tests/test_merge.py::a", "tests/test_slurm.py::t")  # the failed test left out
     own = mutants.covering_tests("tables/noise.py")
     assert "tests/test_compare_noise.py" in own
-    assert mutant.wider == (*own, "tests/test_merge.py", "tests/test_slurm.py", "--deselect=tests/test_compare.py::b")
+    deselected = ("--deselect=tests/test_compare.py::b", *(f"--deselect={t}" for t in mutant.tests))
+    assert mutant.wider == (*own, "tests/test_merge.py", "tests/test_slurm.py", *deselected)
     [unmapped] = mutants.blind_mutants(tmp_path / "blind.json")
     assert unmapped.wider == () and unmapped.tests == own
