@@ -98,6 +98,22 @@ def tree_copy(tmp_path) -> Path:
     return root
 
 
+def made_release(root: Path, files: dict[str, str]) -> Path:
+    """A made-up framework release under ``root``: {relative path: source}."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def made_runner(tmp_path: Path, backend: str, text: str, name: str = "gemm.py") -> Path:
+    """A backends tree holding one runner module of ``backend`` with ``text``; returns the backends folder."""
+    runners = tmp_path / "src" / "opcollect" / "backends" / backend
+    runners.mkdir(parents=True)
+    (runners / name).write_text(text)
+    return runners.parent
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300):
     """`python -m opcollect ARGS` in a real subprocess."""
     full_env = {**os.environ, **(env or {})}

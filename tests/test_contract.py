@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import made_release, made_runner, run_cli
 
 from opcollect.backends.symbols import Release, check, contract, runner_uses
 from opcollect.errors import InputError
@@ -155,25 +155,23 @@ def test_the_pinned_sglang_wheels_and_a_doctored_copy():
 def test_a_dataclass_takes_its_fields_and_its_dataclass_bases_fields(tmp_path):
     """A dataclass has no __init__ in its source: its keywords are its annotated fields (ClassVar ones left out)
     and those of the dataclass bases it extends, the way TensorRT-LLM's QuantConfig and ModelConfig are built."""
-    package = tmp_path / "release" / "tensorrt_llm"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "config.py").write_text(
+    config = (
         "import dataclasses\nfrom dataclasses import dataclass\nfrom typing import ClassVar\n\n"
         "@dataclass\nclass Base:\n    quant_algo: str = None\n\n"
         "@dataclasses.dataclass(kw_only=True)\nclass Quant(Base):\n    group_size: int = 128\n"
         "    registry: ClassVar[dict] = {}\n\n"
         "class Plain(Base):\n    pass\n"
     )
-    runners = tmp_path / "src" / "opcollect" / "backends" / "trtllm"
-    runners.mkdir(parents=True)
-    (runners / "gemm.py").write_text(
+    release = made_release(tmp_path / "release", {"tensorrt_llm/__init__.py": "", "tensorrt_llm/config.py": config})
+    backends = made_runner(
+        tmp_path,
+        "trtllm",
         "def f():\n    from tensorrt_llm.config import Plain, Quant\n"
         "    Quant(quant_algo='FP8', group_size=128)\n"
         "    Quant(registry={}, scale=1)\n"
-        "    Plain(quant_algo='FP8', other=1)\n"
+        "    Plain(quant_algo='FP8', other=1)\n",
     )
-    _, misses, _ = contract("trtllm", [tmp_path / "release"], runners.parent)
+    _, misses, _ = contract("trtllm", [release], backends)
     assert sorted(m.render() for m in misses) == [
         "src/opcollect/backends/trtllm/gemm.py:4: tensorrt_llm.config.Quant: no parameter 'registry'",
         "src/opcollect/backends/trtllm/gemm.py:4: tensorrt_llm.config.Quant: no parameter 'scale'",
@@ -185,39 +183,28 @@ def test_a_dataclass_takes_its_fields_and_its_dataclass_bases_fields(tmp_path):
 def test_star_imports_and_keyword_only_parameters_resolve_as_python_reads_them(tmp_path):
     """`from x import *` re-exports every public name of a module without __all__, and only the listed ones of a
     module with it; a keyword-only parameter is a parameter."""
-    package = tmp_path / "release" / "vllm"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("from vllm.open import *\nfrom vllm.listed import *\n")
-    (package / "open.py").write_text("def unlisted(a, *, block_size=16):\n    pass\n")
-    (package / "listed.py").write_text("__all__ = ['kept']\n\ndef kept(x):\n    pass\n\ndef hidden(x):\n    pass\n")
-    runners = tmp_path / "src" / "opcollect" / "backends" / "vllm"
-    runners.mkdir(parents=True)
-    (runners / "gemm.py").write_text(
+    release = made_release(
+        tmp_path / "release",
+        {
+            "vllm/__init__.py": "from vllm.open import *\nfrom vllm.listed import *\n",
+            "vllm/open.py": "def unlisted(a, *, block_size=16):\n    pass\n",
+            "vllm/listed.py": "__all__ = ['kept']\n\ndef kept(x):\n    pass\n\ndef hidden(x):\n    pass\n",
+        },
+    )
+    backends = made_runner(
+        tmp_path,
+        "vllm",
         "def f():\n    from vllm import hidden, kept, unlisted\n"
         "    unlisted(1, block_size=32)\n"
         "    unlisted(1, page=2)\n"
         "    kept(1)\n"
-        "    hidden(1)\n"
+        "    hidden(1)\n",
     )
-    checked, misses, _ = contract("vllm", [tmp_path / "release"], runners.parent)
+    checked, misses, _ = contract("vllm", [release], backends)
     assert sorted(m.render() for m in misses) == [
         "src/opcollect/backends/vllm/gemm.py:2: vllm.hidden: not defined in vllm (nor re-exported there)",
         "src/opcollect/backends/vllm/gemm.py:4: vllm.unlisted: no parameter 'page'",
     ]
-
-
-def _release(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return root
-
-
-def _runner(tmp_path: Path, backend: str, text: str) -> Path:
-    runners = tmp_path / "src" / "opcollect" / "backends" / backend
-    runners.mkdir(parents=True)
-    (runners / "gemm.py").write_text(text)
-    return runners.parent
 
 
 def test_release_shapes_python_itself_resolves_are_found_and_the_others_reported(tmp_path):
@@ -225,7 +212,7 @@ def test_release_shapes_python_itself_resolves_are_found_and_the_others_reported
     `__all__` that is not a literal (every public name then exported), a module that does not parse, a star-import
     cycle (followed to a bound, then reported), and a dataclass whose base is a plain class (its parameters are
     unknown, so no keyword is reported): each resolves or is reported as Python would read it."""
-    release = _release(
+    release = made_release(
         tmp_path / "release",
         {
             "vllm/__init__.py": "from vllm.ns import sub\nfrom vllm.dyn import *\n",
@@ -241,7 +228,7 @@ def test_release_shapes_python_itself_resolves_are_found_and_the_others_reported
             ),
         },
     )
-    backends = _runner(
+    backends = made_runner(
         tmp_path,
         "vllm",
         "def f():\n    from vllm import sub, spare\n    from vllm.compat import F\n"
@@ -258,8 +245,8 @@ def test_release_shapes_python_itself_resolves_are_found_and_the_others_reported
 
 
 def test_a_missing_module_a_bad_wheel_and_a_runner_without_the_framework_are_named(tmp_path):
-    release = _release(tmp_path / "release", {"vllm/__init__.py": "X = 1\n"})
-    backends = _runner(tmp_path, "vllm", "def f():\n    import vllm.gone\n    from vllm.absent import Y\n")
+    release = made_release(tmp_path / "release", {"vllm/__init__.py": "X = 1\n"})
+    backends = made_runner(tmp_path, "vllm", "def f():\n    import vllm.gone\n    from vllm.absent import Y\n")
     _, misses, _ = contract("vllm", [release], backends)
     runner = "src/opcollect/backends/vllm/gemm.py"
     assert [m.render() for m in misses] == [

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import made_release, made_runner
 
 from opcollect.backends.sglang import gemm
 from opcollect.backends.symbols import contract
@@ -27,23 +28,19 @@ DATA = Path(__file__).parent / "data"
 
 
 def test_keywords_to_a_kwargs_function_or_class_are_not_missing(tmp_path):
-    package = tmp_path / "release" / "tensorrt_llm"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "api.py").write_text(
+    api = (
         "def opened(a, **kwargs):\n    pass\n\n"
         "def closed(a):\n    pass\n\n"
         "class Wide:\n    def __init__(self, x, **extra):\n        pass\n"
     )
-    runners = tmp_path / "src" / "opcollect" / "backends" / "trtllm"
-    runners.mkdir(parents=True)
-    (runners / "run.py").write_text(
+    release = made_release(tmp_path / "release", {"tensorrt_llm/__init__.py": "", "tensorrt_llm/api.py": api})
+    run = (
         "def f():\n    from tensorrt_llm.api import Wide, closed, opened\n"
         "    opened(a=1, anything=2)\n"
         "    Wide(x=1, y=2)\n"
         "    closed(a=1, b=2)\n"
     )
-    _, misses, _ = contract("trtllm", [tmp_path / "release"], runners.parent)
+    _, misses, _ = contract("trtllm", [release], made_runner(tmp_path, "trtllm", run, "run.py"))
     assert [m.render() for m in misses] == [
         "src/opcollect/backends/trtllm/run.py:5: tensorrt_llm.api.closed: no parameter 'b'"
     ]
