@@ -141,6 +141,19 @@ def mapped_tests(covermap: dict, path: str, old: str) -> tuple[str, ...]:
     return tuple(sorted(tests, key=order))
 
 
+def copied_module_tests(covermap: dict, path: str) -> tuple[str, ...]:
+    """For a module the map never saw run because it runs as a copy (release/data_api.py becomes the data wheel's
+    __init__): the tests reaching the lines of src/opcollect that name its file in a string."""
+    quoted = (f'"{Path(path).name}"', f"'{Path(path).name}'")
+    tests: dict[str, None] = {}
+    for source in sorted((ROOT / "src" / "opcollect").rglob("*.py")):
+        for line in source.read_text().splitlines():
+            if any(q in line for q in quoted):
+                rel = source.relative_to(ROOT / "src" / "opcollect").as_posix()
+                tests.update(dict.fromkeys(mapped_tests(covermap, rel, line)))
+    return tuple(tests)
+
+
 def blind_mutants(path: Path, covermap: Path | None = None) -> list[Mutant]:
     entries = json.loads(path.read_text())
     if covermap is None:
@@ -153,7 +166,7 @@ def blind_mutants(path: Path, covermap: Path | None = None) -> list[Mutant]:
     failed = [f"--deselect={node}" for node in found.get("failed", ())]
     mutants = []
     for e in entries:
-        tests = mapped_tests(found, e["path"], e["old"])
+        tests = mapped_tests(found, e["path"], e["old"]) or copied_module_tests(found, e["path"])
         own = covering_tests(e["path"])
         files = [*own, *sorted({t.partition("::")[0] for t in tests} - set(own), key=lambda f: (f in SLOW, f))]
         # the wider run follows a passed mapped run: those tests are not run again

@@ -107,3 +107,23 @@ def test_a_mapped_mutant_that_passes_runs_its_tests_files_and_its_modules_import
     assert mutant.wider == (*own, "tests/test_merge.py", "tests/test_slurm.py", *deselected)
     [unmapped] = mutants.blind_mutants(tmp_path / "blind.json")
     assert unmapped.wider == () and unmapped.tests == own
+
+
+def test_a_module_that_runs_only_as_a_copy_is_tried_on_the_tests_reaching_the_line_that_copies_it(tmp_path):
+    """release/data_api.py runs as the data wheel's __init__, outside the measured tree: the map holds none of its
+    lines, so its mutants run the tests that reach the line of release/package.py naming it."""
+    mutants = _script("mutants")
+    package = (ROOT / "src" / "opcollect" / "release" / "package.py").read_text().splitlines()
+    copying = next(i for i, line in enumerate(package, 1) if '"data_api.py"' in line)
+    covermap = {
+        "tests": ["tests/test_release.py::builds", "tests/test_release.py::other"],
+        "files": {"release/package.py": {str(copying): [0], "1": [1]}},
+    }
+    (tmp_path / "map.json").write_text(json.dumps(covermap))
+    api = (ROOT / "src" / "opcollect" / "release" / "data_api.py").read_text()
+    entry = {"name": "n", "path": "release/data_api.py", "old": "def verify()", "new": "def verify_()"}
+    assert api.count(entry["old"]) == 1
+    (tmp_path / "blind.json").write_text(json.dumps([entry]))
+    [mutant] = mutants.blind_mutants(tmp_path / "blind.json", tmp_path / "map.json")
+    assert mutant.tests == ("tests/test_release.py::builds",)
+    assert mutants.copied_module_tests(covermap, "flags.py") == ()  # a module nothing copies
