@@ -204,8 +204,9 @@ for dtype in ("fp8", "half", "int8"):
 
 
 def test_the_torch_cpu_comm_plan_runs_for_real(tmp_path):
+    """custom_allreduce is planned with no case for torch: its op is in the plan and gets no (empty) table."""
     plan, out = tmp_path / "p.json", tmp_path / "r"
-    planned = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", "comm", "-o", str(plan))
+    planned = run_cli("plan", "--backend", "torch", "--sm", "cpu", "--ops", "comm,custom_allreduce", "-o", str(plan))
     assert planned.returncode == 0, planned.stderr
     done = run_cli("run", "--plan", str(plan), "--out", str(out), "--device", "cpu", "--max-case-seconds", "0.05")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -157,3 +157,28 @@ def test_the_summary_names_the_tenth_and_ninetieth_percentiles_of_the_ratios(tmp
     c = compare_tables(a, b, op="gemm")
     assert c.shared == 11 and (round(c.p10, 6), round(c.median, 6), round(c.p90, 6)) == (1.1, 1.5, 1.9)
     assert [round(ratio, 6) for *_, ratio in c.largest][:2] == [2.0, 1.9]
+
+
+def test_the_largest_deviations_rank_faster_and_slower_alike_by_their_factor(tmp_path):
+    """A key 4x faster deviates more than one 3x slower: the list ranks |log ratio|, not the slowdowns alone."""
+    cases = [GemmCase("bfloat16", m, 1024, 1024) for m in (1, 2, 3)]
+    a, b = tmp_path / "a", tmp_path / "b"
+    new = {1: 0.25, 2: 3.0, 3: 1.1}
+    merge([fake_run(tmp_path / "ra", cases, latency=1.0)], a, find_project(), say=lambda line: None)
+    merge([fake_run(tmp_path / "rb", cases, latency_of=lambda c: new[c.m])], b, find_project(), say=lambda line: None)
+    c = compare_tables(a, b, op="gemm")
+    assert [(key.split(",")[2], round(ratio, 6)) for key, _, _, ratio in c.largest] == [
+        ("m=1", 0.25),
+        ("m=2", 3.0),
+        ("m=3", 1.1),
+    ]
+
+
+def test_a_step_between_two_series_is_no_step_along_the_sweep(tmp_path):
+    """Each n is its own series along m: n=512's slowest row followed by n=1024's fastest is no drop."""
+    cases = [GemmCase("bfloat16", m, n, 1024) for n in (512, 1024) for m in (1, 2, 4, 8)]
+    tables = tmp_path / "t"
+    run = fake_run(tmp_path / "r", cases, latency_of=lambda c: c.m * (1.0 if c.n == 1024 else 3.0))
+    merge([run], tables, find_project(), say=lambda line: None)
+    c = compare_tables(tables, tables, op="gemm")
+    assert c.non_monotonic == []

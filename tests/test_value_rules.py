@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,7 +25,7 @@ from opcollect.tables.merge import merge
 from opcollect.tables.provenance import PROVENANCE, read_provenance
 from opcollect.tables.rules import check_tables
 from opcollect.tables.sidecar import read_sidecar
-from opcollect.tables.values import record_faults
+from opcollect.tables.values import bad_time, record_faults
 from opcollect.tables.verify import verify_tables
 
 DIR = "h200_sxm/gemm/vllm/0.24.0"
@@ -302,3 +303,17 @@ def test_stored_failures_carry_their_attempts_through_a_later_merge(tmp_path):
     merge([again], tables, find_project(), say=lambda line: None)
     failures = pq.read_table(tables / DIR / ".opcollect/gemm_failures.parquet")
     assert failures["attempts"].to_pylist() == [4] and _ids(tables) == {_id(2), _id(3)}
+
+
+def test_a_time_minutes_ahead_is_clock_skew_and_an_hour_ahead_is_the_future():
+    """Hosts' clocks differ by a little: up to ten minutes ahead of the merging host is skew, more is refused."""
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+
+    def ahead(minutes: float) -> str:
+        return (now + timedelta(minutes=minutes)).isoformat()
+
+    assert bad_time(ahead(-600), now) is None and bad_time(ahead(9), now) is None and bad_time(ahead(10), now) is None
+    for minutes in (11, 60, 600):
+        assert bad_time(ahead(minutes), now) == f"{ahead(minutes)!r} is in the future"
+    assert bad_time("2026-12-02T12:05:00+05:00", now) is None  # 07:05 UTC: hours behind, whatever its offset says
+    assert bad_time("2026-12-02T12:05:00", now) == "'2026-12-02T12:05:00' has no UTC offset"
