@@ -92,6 +92,18 @@ def test_dropped_samples_are_counted_not_used():
     assert stats.latency == pytest.approx(1.0) and stats.latency_p25 <= stats.latency <= stats.latency_p75
 
 
+def test_samples_dropped_before_the_first_kept_one_do_not_end_the_case():
+    """A GPU throttled as the case starts drops its first samples: the case waits for kept ones, and gives up only
+    after ten times min_samples drops with nothing kept."""
+    clock = FakeClock()
+    config = TimingConfig(max_noise=0.01, min_samples=4, max_case_seconds=100, warmup_seconds=0)
+    # the warm-up call takes the first of six throttled samples
+    raw = sample_until_stable(feeder(iter([None] * 6 + [1e-3] * 100), clock), config, clock)
+    assert raw.dropped == 5 and raw.samples == [1e-3] * 4
+    never = sample_until_stable(feeder([None], clock), config, clock)
+    assert never.samples == [] and never.dropped == 41
+
+
 def test_cpu_path_times_a_real_call():
     import time
 

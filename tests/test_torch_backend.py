@@ -148,6 +148,31 @@ def test_a_sliding_window_of_w_lets_each_query_see_w_keys(monkeypatch):
     assert all(bool(mask[i, i]) and not bool(mask[i, i + 1 :].any()) for i in range(8))  # causal within the band
 
 
+@pytest.mark.parametrize(
+    ("context", "step", "window", "expected"),
+    [
+        # 2 sequences, 8 query heads over 2 KV heads of 16 in bf16: Q and the output by query heads, K and V by KV heads
+        (True, 0, 0, (2 * 2 * 8 * 8 * 16 + 2 * 2 * 2 * 8 * 16) * 2),
+        (True, 0, 3, (2 * 2 * 8 * 8 * 16 + 2 * 2 * 2 * 8 * 16) * 2 + 8 * 8),  # and the window's bool mask
+        (False, 5, 0, (2 * 2 * 8 * 1 * 16 + 2 * 2 * 2 * 6 * 16) * 2),  # one query over step + 1 keys
+    ],
+)
+def test_attention_footprint_is_the_bytes_of_the_tensors_its_call_holds(monkeypatch, context, step, window, expected):
+    case = AttentionCase(2, 8 if context else 1, 8, 2, 16, 1, "bfloat16", "bfloat16", step, window)
+    held = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recorder(q, k, v, attn_mask=None, **kwargs):
+        out = real(q, k, v, attn_mask=attn_mask, **kwargs)
+        mask = attn_mask.nbytes if attn_mask is not None else 0
+        held.append(q.nbytes + k.nbytes + v.nbytes + out.nbytes + mask)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorder)
+    attention.prepare(case, "x", "cpu", 1, context)
+    assert attention.footprint(case, context) == expected == held[0]
+
+
 # ---- issue 22: quantize, MLA absorb BMM and encoder attention ----
 
 
