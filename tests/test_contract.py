@@ -286,3 +286,30 @@ def test_fetching_wheels_refuses_a_backend_without_one_and_names_pips_failure(tm
         fetch_wheels("vllm", "0.0.0", tmp_path, timeout=120)
     # pip's last line of stderr says why
     assert str(refused.value) == "pip cannot fetch vllm==0.0.0 (ERROR: No matching distribution found for vllm==0.0.0)"
+
+
+def test_a_name_a_release_defines_in_an_if_else_or_an_import_fallback_is_defined(tmp_path):
+    """Import-time code of a release module runs its `except ImportError:` fallbacks and its if/else branches: a
+    function defined only there is defined, with the parameters of that definition."""
+    compat = (
+        "import sys\n\n"
+        "try:\n    import _fast_ops\nexcept ImportError:\n    _fast_ops = None\n\n    def fused(x, scale=1.0):\n"
+        "        pass\n\n"
+        "if sys.platform == 'never':\n    pass\nelse:\n    def either(b):\n        pass\n"
+    )
+    release = made_release(tmp_path / "release", {"vllm/__init__.py": "", "vllm/compat.py": compat})
+    backends = made_runner(
+        tmp_path,
+        "vllm",
+        "def f():\n    from vllm.compat import either, fused, missing\n"
+        "    fused(1, scale=2.0)\n"
+        "    fused(1, bias=2)\n"
+        "    either(b=1)\n",
+    )
+    _, misses, _ = contract("vllm", [release], backends)
+    rendered = sorted(m.render() for m in misses)
+    assert (
+        rendered[0]
+        == "src/opcollect/backends/vllm/gemm.py:2: vllm.compat.missing: not defined in vllm.compat (nor re-exported there)"
+    )
+    assert rendered[1:] == ["src/opcollect/backends/vllm/gemm.py:4: vllm.compat.fused: no parameter 'bias'"]
