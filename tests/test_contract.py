@@ -308,8 +308,6 @@ def test_a_name_a_release_defines_in_an_if_else_or_an_import_fallback_is_defined
     )
     _, misses, _ = contract("vllm", [release], backends)
     rendered = sorted(m.render() for m in misses)
-    assert (
-        rendered[0]
-        == "src/opcollect/backends/vllm/gemm.py:2: vllm.compat.missing: not defined in vllm.compat (nor re-exported there)"
-    )
+    missing = "vllm.compat.missing: not defined in vllm.compat (nor re-exported there)"
+    assert rendered[0] == f"src/opcollect/backends/vllm/gemm.py:2: {missing}"
     assert rendered[1:] == ["src/opcollect/backends/vllm/gemm.py:4: vllm.compat.fused: no parameter 'bias'"]
