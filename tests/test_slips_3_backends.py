@@ -119,6 +119,14 @@ def test_compressed_tensors_static_fp8_without_strategy_is_per_tensor(tmp_path):
     per_channel = json.loads(json.dumps(STATIC_NO_STRATEGY))
     per_channel["config_groups"]["group_0"]["input_activations"]["strategy"] = "channel"
     assert static_fp8("cfg", per_channel) is None
+    # QuantizationArgs' defaults: an activation config without `dynamic` is static, with dynamic true it is not
+    for dynamic, expected in ((None, COMPRESSED_TENSORS), (True, None)):
+        args = json.loads(json.dumps(STATIC_NO_STRATEGY))
+        activations = args["config_groups"]["group_0"]["input_activations"]
+        del activations["dynamic"]
+        if dynamic is not None:
+            activations["dynamic"] = dynamic
+        assert static_fp8("cfg", args) == expected
     # through a config.json: its layers' input widths at TP 8 (qkv/gate_up/lm_head 5120, o 1024, down 3200)
     config = json.loads((DATA / "quant_bmm_configs" / "Qwen3-32B-FP8-Static.json").read_text())
     config["quantization_config"] = STATIC_NO_STRATEGY
