@@ -197,6 +197,12 @@ def _vl(tmp_path, vision) -> Path:
     return path
 
 
+def test_a_vision_config_with_both_head_keys_reads_num_heads(tmp_path):
+    """Qwen-VL's modeling code reads num_heads; a config that also carries another num_attention_heads keeps it."""
+    vision = {**json.loads(VL.read_text())["vision_config"], "num_heads": 16, "num_attention_heads": 8}
+    assert derive_shapes(read_hf_config(_vl(tmp_path, vision)), [2]).encoder == {EncoderShape(8, 72)}
+
+
 def test_vision_config_without_its_keys_plans_the_language_model_with_a_note(tmp_path):
     spec = read_hf_config(_vl(tmp_path, {"vt_hidden_size": 1152, "vt_num_attention_heads": 16}))
     shapes = derive_shapes(spec, [1])
