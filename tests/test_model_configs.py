@@ -185,6 +185,14 @@ def test_zero_experts_per_token_is_named_not_called_missing(tmp_path):
         _spec(tmp_path, num_local_experts=8)
 
 
+def test_a_token_may_take_every_expert_but_not_more(tmp_path):
+    every = derive_shapes(_spec(tmp_path, num_local_experts=8, num_experts_per_tok=8), [1])
+    assert {(shape.topk, shape.num_experts) for shape in every.moe} == {(8, 8)}
+    with pytest.raises(InputError) as raised:
+        _spec(tmp_path, num_local_experts=8, num_experts_per_tok=9)
+    assert "field 'num_experts_per_tok': 9 is greater than num_local_experts 8; set it to at most 8" in str(raised.value)
+
+
 @pytest.mark.parametrize("value", [2**40 + 1, 10**400, 1.5, True, -1])
 def test_model_config_sizes_are_bounded_ints(tmp_path, value):
     with pytest.raises(InputError, match="hidden_size"):
