@@ -15,8 +15,8 @@ from conftest import ROOT
 
 from opcollect.cli import main
 from opcollect.errors import InputError
-from opcollect.plans.coverage import coverage as coverage_of
 from opcollect.plans.coverage import attribute, render_coverage, table_coverage
+from opcollect.plans.coverage import coverage as coverage_of
 from opcollect.plans.ops import OPS
 from opcollect.plans.planner import plan_of_cases
 
