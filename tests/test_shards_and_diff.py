@@ -82,6 +82,22 @@ def test_plan_diff_on_summaries(tmp_path):
     assert refused.returncode == 2 and "neither a plan file" in refused.stderr
 
 
+def test_plan_diff_of_summaries_reports_a_change_of_dispatch_alone(tmp_path):
+    """Two summaries with the same cases and dtypes whose dispatch counts differ: a change, not 'unchanged'."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    summary = json.loads(run_cli("plan", "--backend", "torch", "--sm", "cpu", "--json", "--ops", "gemm").stdout)
+    a.write_text(json.dumps(summary))
+    gemm = summary["ops"]["gemm"]
+    old = dict(gemm["by_dispatch"])
+    gemm["by_dispatch"] = {"torch.nn.functional.linear": gemm["cases"]}
+    b.write_text(json.dumps(summary))
+    done = run_cli("plan-diff", str(a), str(b))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "gemm: +0 added, -0 removed, ~0 changed"
+    int4 = old["torch._weight_int4pack_mm_for_cpu"]
+    assert f"  dispatch torch._weight_int4pack_mm_for_cpu: {int4} -> 0" in done.stdout.splitlines()
+
+
 def test_plan_diff_reports_an_op_that_only_one_side_plans(tmp_path):
     old, new = tmp_path / "old.json", tmp_path / "new.json"
     base = ["plan", "--backend", "torch", "--sm", "cpu", "-o"]
