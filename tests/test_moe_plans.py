@@ -93,6 +93,13 @@ def test_kimi_int4_and_the_torch_backend_refusals(planner):
     assert not GPT_OSS & torch_shapes.keys()  # MXFP4 only, which the torch runner cannot time
 
 
+@pytest.mark.parametrize(("sm", "dispatch"), [("80", "per_expert_loop"), ("89", "per_expert_loop"),
+                                             ("90", "torch._grouped_mm"), ("100", "torch._grouped_mm")])  # fmt: skip
+def test_torch_moe_runs_grouped_mm_from_hopper_and_one_gemm_per_expert_before(planner, sm, dispatch):
+    moe = planner.plan("torch", sm, PlanOptions(ops=("moe",))).ops["moe"]
+    assert moe.ids and set(moe.dispatch) == {dispatch}
+
+
 # -- skips that changed ----------------------------------------------------------------------------
 
 
