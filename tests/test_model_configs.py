@@ -176,6 +176,14 @@ def test_qwen2_max_window_layers_decides_the_windows(tmp_path, max_window_layers
     assert {shape.window_size for shape in derive_shapes(spec, [1]).attention} == windows
 
 
+@pytest.mark.parametrize(("flag", "windows"), [({}, {4096}), ({"use_sliding_window": True}, {4096}),
+                                              ({"use_sliding_window": False}, {0})])  # fmt: skip
+def test_a_sliding_window_applies_unless_the_config_turns_it_off(tmp_path, flag, windows):
+    """Mistral's config gives sliding_window with no use_sliding_window key: every layer slides."""
+    spec = _spec(tmp_path, architectures=["MistralForCausalLM"], sliding_window=4096, **flag)
+    assert {shape.window_size for shape in derive_shapes(spec, [1]).attention} == windows
+
+
 def test_zero_experts_per_token_is_named_not_called_missing(tmp_path):
     with pytest.raises(InputError) as raised:
         _spec(tmp_path, num_local_experts=8, num_experts_per_tok=0)
