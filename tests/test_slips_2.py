@@ -183,6 +183,25 @@ def test_a_wheel_of_an_epoch_before_1980_is_stamped_1980(tmp_path):
         assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 
+def test_an_sdist_holds_each_directory_of_its_files_once_and_no_other(tmp_path):
+    import tarfile
+
+    from opcollect.release.archives import write_sdist
+
+    sdist = tmp_path / "t-1.0.tar.gz"
+    write_sdist(sdist, {"t-1.0/PKG-INFO": b"p", "t-1.0/t/data/a.txt": b"a", "t-1.0/t/b.txt": b"b"}, epoch=1700000000)
+    with tarfile.open(sdist) as archive:
+        members = [(m.name, m.isdir()) for m in archive.getmembers()]
+    assert members == [
+        ("t-1.0", True),
+        ("t-1.0/PKG-INFO", False),
+        ("t-1.0/t", True),
+        ("t-1.0/t/b.txt", False),
+        ("t-1.0/t/data", True),
+        ("t-1.0/t/data/a.txt", False),
+    ]
+
+
 def test_a_name_of_exactly_name_max_bytes_is_a_name(tmp_path):
     from opcollect.files import NAME_MAX, check_name
 
