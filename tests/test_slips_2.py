@@ -203,10 +203,13 @@ def test_an_sdist_holds_each_directory_of_its_files_once_and_no_other(tmp_path):
 
 
 def test_a_name_of_exactly_name_max_bytes_is_a_name(tmp_path):
-    from opcollect.files import NAME_MAX, check_name
+    from opcollect.files import NAME_MAX, check_name, write_atomic
 
     check_name(tmp_path / ("a" * NAME_MAX))
     (tmp_path / ("a" * NAME_MAX)).write_text("fits")  # the file system agrees
+    # and the atomic writer's temporary name beside it fits too
+    assert write_atomic(tmp_path / ("b" * NAME_MAX), "fits").read_text() == "fits"
+    assert sorted(p.name[0] for p in tmp_path.iterdir()) == ["a", "b"]  # no temporary file left
     with pytest.raises(OSError, match="too long|File name too long") as raised:
         check_name(tmp_path / ("a" * (NAME_MAX + 1)))
     assert raised.value.errno == 36  # ENAMETOOLONG
