@@ -336,11 +336,28 @@ def test_status_says_how_to_resubmit_exactly_when_a_shard_is_failed_or_incomplet
     from opcollect.cluster.status import ShardStatus, describe
 
     hint = f"resubmit the shards not done: opcollect collect ... --slurm --resume {tmp_path}"
-    done, running = ShardStatus(0, "done", 4, 0, 4, "COMPLETED"), ShardStatus(1, "running", 1, 0, 4, "RUNNING")
+    done, running = ShardStatus(0, "done", 4, 0, 4, "COMPLETED"), ShardStatus(1, "running", 1, 2, 4, "RUNNING")
     for other, says in (("failed", True), ("incomplete", True), ("pending", False), ("running", False)):
         text = describe(tmp_path, [done, ShardStatus(2, other, 0, 0, 4, None), running])
         assert (hint in text.splitlines()) is says, other
-        assert f"{tmp_path}: 3 shards: " in text and "5/12 planned cases recorded" in text
+        # a failed case is recorded: 4 + 1 measured and 2 failed
+        assert f"{tmp_path}: 3 shards: " in text and "7/12 planned cases recorded" in text
+
+
+def test_a_requeued_task_is_pending_and_a_failed_one_failed(tmp_path, monkeypatch):
+    """Slurm's states as its own sacct and squeue print them (array job 999999990, _status_root's): a task requeued
+    (after a node failure or a preemption) will run again, so its shard is pending, not failed."""
+    from opcollect.cluster.status import shard_states
+
+    root, _ = _status_root(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command, out in (("sacct", "999999990_0|REQUEUED\n999999990_1|FAILED\n"), ("squeue", "")):
+        script = bin_dir / command
+        script.write_text(f"#!/bin/sh\nprintf '{out}'\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert [(s.state, s.slurm) for s in shard_states(root)] == [("pending", "REQUEUED"), ("failed", "FAILED")]
 
 
 def test_status_refuses_a_shard_plan_of_another_shard(tmp_path):
