@@ -15,8 +15,8 @@ from conftest import ROOT
 
 from opcollect.cli import main
 from opcollect.errors import InputError
-from opcollect.plans.coverage import attribute, render_coverage, table_coverage
 from opcollect.plans.coverage import coverage as coverage_of
+from opcollect.plans.coverage import render_coverage, table_coverage
 from opcollect.plans.ops import OPS
 from opcollect.plans.planner import plan_of_cases
 
@@ -374,11 +374,3 @@ def test_a_tree_holding_only_mhc_tables_is_read_for_their_coverage(tmp_path):
     [table] = coverage_of(plan, tmp_path / "tables")["tables"]
     assert table["path"] == "h200_sxm/mhc/vllm/0.24.0/mhc_module_perf.parquet"
     assert (table["keys"], table["covered"], table["missing"], table["dispatch"]["agreeing"]) == (4, 4, 0, 4)
-
-
-def test_other_combinations_take_their_place_by_size_among_the_patterns():
-    """Keys missing only as a whole (every value and pair planned) are 'other combinations', ranked by how many
-    keys they hold like any pattern: two of them come before a value missing from one key."""
-    planned = {(a, b, c) for a in (1, 2) for b in (1, 2) for c in (1, 2)} - {(1, 1, 1), (2, 2, 2)}
-    found = attribute([(1, 1, 1), (3, 1, 1), (2, 2, 2)], planned, ["a", "b", "c"])
-    assert [(p["pattern"], p["keys"]) for p in found] == [("other combinations", 2), ("a=3", 1)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import yaml
@@ -28,17 +27,6 @@ def test_shards_are_disjoint_and_cover_the_plan(planner, count):
         assert deal_plan(whole, count, planner.tree.systems).balance < 1.01
     comm_rows = [r.row_id for s in shards for r in s.ops["comm"].rows]
     assert sorted(comm_rows) == sorted(r.row_id for r in whole.ops["comm"].rows)  # batch rows stay whole
-
-
-def test_an_sm_without_a_system_deals_by_case_count_a_batched_row_costing_its_cases(planner, tmp_path):
-    """No systems/<sm>.yaml to cost on: a case costs 1 and a batched row the number of cases it holds."""
-    whole = planner.plan("vllm", "90", PlanOptions(ops=("gemm", "comm")))
-    rows = whole.ops["comm"].rows
-    assert len(rows) < sum(len(r.case_ids) for r in rows)  # several cases per row
-    shutil.copy(planner.tree.systems / "cpu.yaml", tmp_path)  # a systems folder with no SM90 system
-    dealt = deal_plan(whole, 2, tmp_path)
-    assert sum(dealt.seconds) == len(whole.ops["gemm"].ids) + sum(len(r.case_ids) for r in rows)
-    assert dealt.balance < 1.01
 
 
 def test_exactly_once_check_fails_on_a_bad_batch():
