@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT, run_cli
 
 
@@ -69,7 +70,13 @@ def test_release_builds_reproducibly_and_verifies_installed(smoke_tables, tmp_pa
     for path in table_files:
         assert subjects[f"tables/{path.relative_to(smoke_tables).as_posix()}"] == _sha(path)
     internal = statement["predicate"]["buildDefinition"]["internalParameters"]
-    assert internal["collector_hashes"] and internal["plan_hashes"] and internal["case_plan_hashes"]
+    # each hash list is the set of that field over every table of every provenance record, read here on its own
+    records = [yaml.safe_load(p.read_text()) for p in smoke_tables.rglob("provenance.yaml")]
+    stamped = [table for record in records for table in record["tables"].values()]
+    assert internal["collector_hashes"] == sorted({t["collector_hash"] for t in stamped})
+    assert internal["case_plan_hashes"] == sorted({t["case_plan_hash"] for t in stamped})
+    assert internal["plan_hashes"] == sorted({e["plan_hash"] for t in stamped for e in t["events"]})
+    assert internal["collector_hashes"] != internal["case_plan_hashes"]
     assert internal["pins"]["trtllm"]["versions"]["1.3.0rc20"].startswith("nvcr.io/nvidia/tensorrt-llm/release:")
 
 
