@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -16,6 +17,14 @@ from opcollect.plans.planner import Planner
 from opcollect.project import ProjectTree, find_project
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    # Tests send SIGINT as a user's Ctrl-C. A suite started in the background by a non-interactive shell (`cmd &`)
+    # inherits SIGINT ignored, and so would every opcollect it starts: give it Python's own handler back here,
+    # which the children then start with too (an ignored signal stays ignored across exec; a handled one does not).
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):
