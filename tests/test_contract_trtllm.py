@@ -117,3 +117,35 @@ def test_the_skeleton_says_per_file_whether_it_was_read_at_each_pin():
     files = {str(p.relative_to(TREE)) for p in TREE.rglob("*.py")}
     assert set(rows) == files
     assert all(row.rstrip().endswith("|" + " no |" * len(tags)) or " yes |" in row for row in rows.values())
+
+
+@pytest.mark.parametrize(
+    "reported",
+    ["/usr/lib", "/opt/../etc/tensorrt_llm", "/opt/my tree/tensorrt_llm"],
+    ids=["not-named-after-it", "dot-dot", "space"],
+)
+def test_an_image_reporting_its_package_anywhere_but_a_safe_directory_of_its_name_is_refused(reported, docker_client):
+    """An image's python3 answers where the package lives: a directory not named after the package (its parent,
+    /usr/lib, would copy a whole tree as the framework), a path climbing out, or one with odd characters is
+    refused in one line before anything is copied."""
+    tag = "opcollect-test/trtllm-liar:latest"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as archive:
+        dockerfile = (
+            "FROM opcollect-local/torch-cpu:latest\n"
+            f"RUN printf '#!/bin/sh\\necho \"tensorrt_llm {reported}\"\\n' > /usr/local/sbin/python3 "
+            "&& chmod +x /usr/local/sbin/python3\n"
+        ).encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        archive.addfile(info, io.BytesIO(dockerfile))
+    context.seek(0)
+    docker_client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    try:
+        done = run_cli("contract", "trtllm", "--image", tag)
+    finally:
+        docker_client.images.remove(tag, force=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = f"image {tag}: package tensorrt_llm reported at an unexpected path {reported!r}"
+    assert done.stderr == f"opcollect: error: {said}\n"
+    assert not docker_client.containers.list(all=True, filters={"label": f"{CONTAINER_LABEL}=contract"})
