@@ -261,6 +261,18 @@ def fake_run(
     return run_dir
 
 
+def slurm_says(tmp_path: Path, monkeypatch, sacct: str, squeue: str = "") -> None:
+    """Stand-in sacct and squeue first on PATH, each printing the given text as Slurm's own prints its states
+    (``JOBID_TASK|STATE`` lines): for the states a real one-node cluster cannot be made to show (REQUEUED, FAILED)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command, out in (("sacct", sacct), ("squeue", squeue)):
+        script = bin_dir / command
+        script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{out}EOF\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
 def install_fakes(monkeypatch, modules: dict[str, dict]) -> None:
     """Fake modules (and their parent packages) in sys.modules for the test's length, with the given attributes."""
     for name, attrs in modules.items():

@@ -6,10 +6,9 @@ mis-mapped; these compare every line against text derived by hand from the input
 from __future__ import annotations
 
 import json
-import os
 
 import yaml
-from conftest import fake_run, gemm_plan, run_cli
+from conftest import fake_run, gemm_plan, run_cli, slurm_says
 
 from opcollect.plans.gemm import GemmCase
 from opcollect.project import find_project
@@ -171,13 +170,7 @@ def test_status_of_a_run_root_on_disk_counts_each_shards_own_records(tmp_path, m
     root, planned = prepare_root(find_project(), "torch", "cpu", PlanOptions(ops=("gemm",), smoke=True), 2,
                                  tmp_path / "run")  # fmt: skip
     write_record(root, SlurmRecord(2, (Submission("999999990", "999999991", (0, 1)),), None))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for command, out in (("sacct", "999999990_1|FAILED\\n"), ("squeue", "")):
-        script = bin_dir / command
-        script.write_text(f"#!/bin/sh\nprintf '{out}'\n")
-        script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    slurm_says(tmp_path, monkeypatch, "999999990_1|FAILED\n")
     zero, one = (sorted(planned_ids(root / f"shard-{i}" / "plan.json")) for i in (0, 1))
     shard = root / "shard-0"
     (shard / "run.json").write_text("{}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import run_cli, slurm_says
 
 CPU_SMOKE = ("--sm", "cpu", "--smoke", "--ops", "gemm,attention_context,moe")
 
@@ -350,13 +350,7 @@ def test_a_requeued_task_is_pending_and_a_failed_one_failed(tmp_path, monkeypatc
     from opcollect.cluster.status import shard_states
 
     root, _ = _status_root(tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for command, out in (("sacct", "999999990_0|REQUEUED\n999999990_1|FAILED\n"), ("squeue", "")):
-        script = bin_dir / command
-        script.write_text(f"#!/bin/sh\nprintf '{out}'\n")
-        script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    slurm_says(tmp_path, monkeypatch, "999999990_0|REQUEUED\n999999990_1|FAILED\n")
     assert [(s.state, s.slurm) for s in shard_states(root)] == [("pending", "REQUEUED"), ("failed", "FAILED")]
 
 
