@@ -202,7 +202,13 @@ def test_a_token_may_take_every_expert_but_not_more(tmp_path):
     assert message in str(raised.value)
 
 
-@pytest.mark.parametrize("value", [2**40 + 1, 10**400, 1.5, True, -1])
+@pytest.mark.parametrize("value", [2**40 + 8, 10**400, 1.5, True, -1])
 def test_model_config_sizes_are_bounded_ints(tmp_path, value):
     with pytest.raises(InputError, match="hidden_size"):
         _spec(tmp_path, hidden_size=value)
+
+
+def test_a_model_size_past_2_40_is_refused_for_its_size(tmp_path):
+    """2**40 + 8 splits evenly over 8 heads, so only the size bound can refuse it."""
+    with pytest.raises(InputError, match=r"'hidden_size': Input should be less than or equal to 1099511627776"):
+        _spec(tmp_path, hidden_size=2**40 + 8)
