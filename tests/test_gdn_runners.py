@@ -323,6 +323,15 @@ def test_vllm_refusals_come_before_any_framework_import():
     vll.check_case(case("conv", "generation", batch=1024, nk=16, nv=64))  # the conv has no grid-y limit
 
 
+@pytest.mark.parametrize("module", [vll, sgl], ids=["vllm", "sglang"])
+def test_value_heads_must_group_over_the_key_heads_before_any_framework_import(module):
+    """GQA-style value heads: each key head serves num_v_heads / num_k_heads value heads, so 6 over 4 is no layer
+    (refused as kernel_limit before anything is built) and 8 over 4 is one."""
+    with pytest.raises(KernelLimit, match="6 value heads are no multiple of 4 key heads"):
+        module.prepare(case(nk=4, nv=6), "x", "cpu", 1)
+    module.check_case(case(nk=4, nv=8))
+
+
 # ---------------------------------------------------------------- SGLang
 
 
