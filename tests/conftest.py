@@ -273,6 +273,16 @@ def slurm_says(tmp_path: Path, monkeypatch, sacct: str, squeue: str = "") -> Non
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
+def llama_config(tmp_path: Path, **config):
+    """A small Llama config.json (hidden 1024, 8 heads, intermediate 4096) with ``config``'s keys over it, read."""
+    from opcollect.cases.profiles import read_hf_config
+
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "num_attention_heads": 8}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "intermediate_size": 4096, **config}))
+    return read_hf_config(path)
+
+
 def install_fakes(monkeypatch, modules: dict[str, dict]) -> None:
     """Fake modules (and their parent packages) in sys.modules for the test's length, with the given attributes."""
     for name, attrs in modules.items():

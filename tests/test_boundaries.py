@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import llama_config
 from pydantic import ValidationError
 
 from opcollect import flags
@@ -147,14 +148,11 @@ def test_grid_bounds(model, values, accepted):
     ],
 )  # fmt: skip
 def test_model_config_bounds(tmp_path, config, field):
-    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "num_attention_heads": 8}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({**base, "intermediate_size": 4096, **config}))
     if field is None:
-        read_hf_config(path)
+        llama_config(tmp_path, **config)
     else:
         with pytest.raises(InputError, match=field):
-            read_hf_config(path)
+            llama_config(tmp_path, **config)
 
 
 DATA = Path(__file__).parent / "data"

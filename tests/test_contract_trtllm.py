@@ -75,23 +75,26 @@ def test_without_a_release_it_checks_nothing_and_exits_2():
     assert "checked nothing" in done.stderr and "no wheel on PyPI" in done.stderr
 
 
-@pytest.fixture
-def source_image(docker_client):
-    """A local image whose Python finds the assembled tree as the installed tensorrt_llm."""
-    tag = "opcollect-test/trtllm-sources:latest"
+def _build(client, tag: str, steps: str, tree: Path | None = None) -> str:
+    """An image FROM the local torch base with the Dockerfile ``steps``; ``tree`` in its context as tensorrt_llm."""
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as archive:
-        dockerfile = (
-            "FROM opcollect-local/torch-cpu:latest\n"
-            "COPY tensorrt_llm /opt/trtllm/tensorrt_llm\n"
-            "ENV PYTHONPATH=/opt/trtllm\n"
-        ).encode()
+        dockerfile = f"FROM opcollect-local/torch-cpu:latest\n{steps}".encode()
         info = tarfile.TarInfo("Dockerfile")
         info.size = len(dockerfile)
         archive.addfile(info, io.BytesIO(dockerfile))
-        archive.add(TREE / "tensorrt_llm", arcname="tensorrt_llm")
+        if tree is not None:
+            archive.add(tree, arcname="tensorrt_llm")
     context.seek(0)
-    docker_client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    return tag
+
+
+@pytest.fixture
+def source_image(docker_client):
+    """A local image whose Python finds the assembled tree as the installed tensorrt_llm."""
+    steps = "COPY tensorrt_llm /opt/trtllm/tensorrt_llm\nENV PYTHONPATH=/opt/trtllm\n"
+    tag = _build(docker_client, "opcollect-test/trtllm-sources:latest", steps, TREE / "tensorrt_llm")
     yield tag
     docker_client.images.remove(tag, force=True)
 
@@ -128,19 +131,11 @@ def test_an_image_reporting_its_package_anywhere_but_a_safe_directory_of_its_nam
     """An image's python3 answers where the package lives: a directory not named after the package (its parent,
     /usr/lib, would copy a whole tree as the framework), a path climbing out, or one with odd characters is
     refused in one line before anything is copied."""
-    tag = "opcollect-test/trtllm-liar:latest"
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as archive:
-        dockerfile = (
-            "FROM opcollect-local/torch-cpu:latest\n"
-            f"RUN printf '#!/bin/sh\\necho \"tensorrt_llm {reported}\"\\n' > /usr/local/sbin/python3 "
-            "&& chmod +x /usr/local/sbin/python3\n"
-        ).encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        archive.addfile(info, io.BytesIO(dockerfile))
-    context.seek(0)
-    docker_client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    steps = (
+        f"RUN printf '#!/bin/sh\\necho \"tensorrt_llm {reported}\"\\n' > /usr/local/sbin/python3 "
+        "&& chmod +x /usr/local/sbin/python3\n"
+    )
+    tag = _build(docker_client, "opcollect-test/trtllm-liar:latest", steps)
     try:
         done = run_cli("contract", "trtllm", "--image", tag)
     finally:

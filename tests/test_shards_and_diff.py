@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import yaml
@@ -25,13 +26,9 @@ def test_shards_are_disjoint_and_cover_the_plan(planner, count):
         assert set(seen) == set(whole.ops[op].ids), op  # union is the whole
         # each shard counts its own cases by dtype and by dispatch, and the shards' counts add up to the whole's
         for count_of in ("by_dtype", "by_dispatch"):
-            summed: dict[str, int] = {}
-            for shard in shards:
-                mine = getattr(shard.ops[op], count_of)
-                assert sum(mine.values()) == len(shard.ops[op].ids), (op, count_of)
-                for label, n in mine.items():
-                    summed[label] = summed.get(label, 0) + n
-            assert summed == getattr(whole.ops[op], count_of), (op, count_of)
+            counts = [getattr(shard.ops[op], count_of) for shard in shards]
+            assert [sum(c.values()) for c in counts] == [len(s.ops[op].ids) for s in shards], (op, count_of)
+            assert sum(map(Counter, counts), Counter()) == getattr(whole.ops[op], count_of), (op, count_of)
     if count > 1:  # dealt by predicted time (plans/deal.py), not by count: the shards' predicted seconds match
         assert deal_plan(whole, count, planner.tree.systems).balance < 1.01
     comm_rows = [r.row_id for s in shards for r in s.ops["comm"].rows]
