@@ -1470,6 +1470,227 @@ ROWS = [
         write("{tmp}/s.json", '{"plan_hash": "x", "ops": {"foo": {"cases": 1, "by_dtype": {}, "by_dispatch": {}}}}'),
     ),
     # --- end of one reader
+    # --- refusals audit A
+    Row(
+        "refusals-a-build-names-no-backend",
+        ("build",),
+        "build: name a backend (torch, vllm, sglang or trtllm), or pass --prune",
+        env=NO_ENGINE,
+    ),
+    Row(
+        "refusals-a-bump-without-image",
+        ("bump", "vllm", "--version", "0.25.0", "--root", "{tree}"),
+        "bump vllm: --image REF@sha256:D is required to move the pin",
+    ),
+    Row(
+        "refusals-a-bump-moved-three-trees",
+        ("bump", "vllm", "--version", "0.25.0", "--moved", "{tmp}/a", "{tmp}/b", "{tmp}/c", "--root", "{tree}"),
+        "bump --moved: give TABLES or OLD_TABLES NEW_TABLES, and no --image (already pinned)",
+    ),
+    Row("refusals-a-check-given-nothing", ("check",), "check: give TABLES, or --against-physics TREE (one of them)"),
+    Row(
+        "refusals-a-check-system-without-against-physics",
+        ("check", "{tmp}", "--system", "h200_sxm"),
+        "--system: only with --against-physics; our tables name their system",
+    ),
+    Row(
+        "refusals-a-plan-shard-not-i-of-n",
+        (*PLAN, "--shard", "1-4"),
+        "argument --shard: '1-4': expected i/N, e.g. 0/4 (shards are counted from 0)",
+    ),
+    Row(
+        "refusals-a-plan-shard-index-past-count",
+        (*PLAN, "--shard", "4/4"),
+        "argument --shard: 4/4: need 0 <= i < N (shards are counted from 0), e.g. 0/4",
+    ),
+    Row(
+        "refusals-a-collect-slurm-without-sm",
+        ("collect", "torch", "--slurm", "--root", "{tree}"),
+        "--slurm: give --sm, the SM of the cluster's GPUs (cpu for a CPU collection)",
+        env=NO_ENGINE,
+    ),
+    Row(
+        "refusals-a-bump-resolve-a-digest-ref",
+        ("bump", "vllm", "--version", "0.25.0", "--image", "v:0.25.0@sha256:" + "0" * 64, "--resolve"),
+        "--resolve --image 'v:0.25.0@sha256:" + "0" * 64 + "': give repo:tag (without a digest) to look up",
+        env=NO_ENGINE,
+    ),
+    Row(
+        "refusals-a-bump-not-a-backend",
+        ("bump", "nope", "--version", "0.25.0", "--image", "x", "--root", "{tree}"),
+        "bump 'nope': not a backend; give one of torch, vllm, sglang, trtllm",
+    ),
+    Row(
+        "refusals-a-bump-version-not-pep440",
+        ("bump", "vllm", "--version", "0.25.0x.y", "--image", "x", "--root", "{tree}"),
+        "--version '0.25.0x.y': not a version (PEP 440, e.g. 0.25.0 or 1.3.0rc24)",
+    ),
+    Row(
+        "refusals-a-bump-a-backend-pins-yaml-does-not-pin",
+        ("bump", "vllm", "--version", "0.25.0", "--image", "v:0.25.0@sha256:" + "0" * 64, "--root", "{tree}"),
+        "{tree}/pins.yaml: no pin for backend 'vllm'; pinned: torch, sglang, trtllm",
+        replace(
+            PINS,
+            "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
+            "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
+        ),
+    ),
+    Row(
+        "refusals-a-bump-moved-before-the-bump",
+        ("bump", "vllm", "--version", "9.9.9", "--moved", "{tmp}", "--root", "{tree}"),
+        "{tree}/docs/bumps/vllm-9.9.9.md: no bump report; bump first (opcollect bump vllm --version 9.9.9 --image "
+        "REF@sha256:D)",
+    ),
+    Row(
+        "refusals-a-case-grid-file-missing",
+        PLAN_TREE,
+        "{tree}/cases/base_ops/comm.yaml: missing case grid for op 'comm'; restore it from the repository",
+        lambda c: (c.tree / "cases" / "base_ops" / "comm.yaml").unlink(),
+    ),
+    Row(
+        "refusals-a-model-config-name-of-a-profile",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: model name 'Llama-3.1-8B' also defined in ",
+        model_config(_name_or_path="Llama-3.1-8B"),
+    ),
+    Row(
+        "refusals-a-systems-folder-empty",
+        PLAN_TREE,
+        "{tree}/systems: no system YAML files; restore systems/ from the repository",
+        lambda c: [path.unlink() for path in (c.tree / "systems").glob("*.yaml")],
+    ),
+    Row(
+        "refusals-a-systems-no-dense-rate",
+        PLAN_TREE,
+        "h200_sxm.yaml: field 'dense_tflops': Value error, no rate given; list at least bfloat16's",
+        replace(
+            "{tree}/systems/h200_sxm.yaml",
+            "dense_tflops:\n  bfloat16: 989\n  fp8: 1979\n  int8: 1979\n",
+            "dense_tflops: {}\n",
+        ),
+    ),
+    Row(
+        "refusals-a-profile-vision-heads-twice",
+        PLAN_TREE,
+        "Qwen3VLForConditionalGeneration.yaml: models[0].config: field 'vision_config': Value error, give the vision "
+        "tower's heads as num_heads or as num_attention_heads, once",
+        replace(
+            "{tree}/cases/models/Qwen3VLForConditionalGeneration.yaml",
+            "num_heads: 16}",
+            "num_heads: 16, num_attention_heads: 16}",
+        ),
+    ),
+    Row(
+        "refusals-a-model-config-gdn-without-layer-types",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: missing key 'layer_types' required for Qwen3_5ForConditionalGeneration's Gated DeltaNet layers "
+        "(or num_hidden_layers with full_attention_interval)",
+        both(
+            write("{tmp}/config.json", (ROOT / "tests/data/linear_configs/Qwen--Qwen3.5-27B_config.json").read_text()),
+            edit_json(
+                "{tmp}/config.json", lambda d: [d["text_config"].pop(k) for k in ("layer_types", "num_hidden_layers")]
+            ),
+        ),
+    ),
+    Row(
+        "refusals-a-model-config-hybrid-pattern-a-list",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'hybrid_override_pattern' is a list; it is a string of M, *, - and E, one per layer",
+        both(
+            write(
+                "{tmp}/config.json",
+                (ROOT / "tests/data/linear_configs/nvidia--Nemotron-H-56B-Base-8K_config.json").read_text(),
+            ),
+            edit_json(
+                "{tmp}/config.json", lambda d: d.update(hybrid_override_pattern=list(d["hybrid_override_pattern"]))
+            ),
+        ),
+    ),
+    Row(
+        "refusals-a-model-config-layers-block-type-a-string",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'layers_block_type' is a str; it is a list of block types, one per layer",
+        both(
+            write(
+                "{tmp}/config.json",
+                (ROOT / "tests/data/linear_configs/nvidia--Nemotron-H-56B-Base-8K_config.json").read_text(),
+            ),
+            edit_json("{tmp}/config.json", lambda d: d.update(hybrid_override_pattern=None, layers_block_type="mamba")),
+        ),
+    ),
+    Row(
+        "refusals-a-model-config-static-fp8-block-wise",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: quantization_config has activation_scheme static with weight_block_size; block-wise fp8 takes "
+        "dynamic activations only",
+        both(
+            write("{tmp}/config.json", (ROOT / "tests/data/quant_bmm_configs/Qwen3-32B-FP8-Static.json").read_text()),
+            edit_json("{tmp}/config.json", lambda d: d["quantization_config"].update(weight_block_size=[128, 128])),
+        ),
+    ),
+    Row(
+        "refusals-a-model-config-dsa-without-mla",
+        (*PLAN, "--model-config", "{tmp}/config.json"),
+        "config.json: field 'index_topk': DSA indexes an MLA cache, but the config has no kv_lora_rank; add the MLA "
+        "keys",
+        both(
+            write(
+                "{tmp}/config.json", (ROOT / "tests/data/sparse_configs/zai-org--GLM-5.2-FP8_config.json").read_text()
+            ),
+            edit_json("{tmp}/config.json", lambda d: d.pop("kv_lora_rank")),
+        ),
+    ),
+    # --- refusals audit B
+    Row(
+        "plan-gdn-tp-not-splitting-the-heads",
+        ("plan", "--ops", "gdn", "--smoke", "--root", "{tree}"),
+        "cases/base_ops/gdn.yaml: model 'Qwen/Qwen3.5-35B-A3B': tp 3 does not divide its 16 key and 32 value heads",
+        replace("{tree}/cases/base_ops/gdn.yaml", "tp_sizes: [16]}]", "tp_sizes: [3]}]"),
+    ),
+    Row(
+        "run-into-a-run-of-the-same-plan-without-resume",
+        ("run", "--plan", "{run}/plan.json", "--out", "{run}", "--device", "cpu"),
+        "{run}: already holds a run of this plan; pass --resume to finish it",
+    ),
+    Row(
+        "run-worker-dies-before-ready",
+        (*RUN, "--test-backend", "dies_early"),
+        "torch worker failed to start: worker exited with code 3 before it was ready: no device here",
+        write(
+            "{tmp}/dies_early.py",
+            "import sys\nfrom light_backend import *  # noqa: F403\n\n\ndef setup_worker(device, threads):\n"
+            "    print('no device here', file=sys.stderr)\n    sys.exit(3)\n",
+        ),
+        env={"PYTHONPATH": os.pathsep.join(["{tmp}", str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])},
+    ),
+    Row(  # a lone surrogate reads as JSON but cannot be encoded to hash the plan's lines
+        "run-plan-dispatch-a-lone-surrogate",
+        RUN,
+        "malformed plan (UnicodeEncodeError: ",
+        edit_json("{plan}", lambda data: data["ops"]["gemm"]["dispatch"].__setitem__(0, "\ud800")),
+    ),
+    Row(  # named before the Docker engine is reached (none answers here)
+        "build-a-backend-pins-yaml-does-not-pin",
+        ("build", "vllm", "--root", "{tree}"),
+        "pins.yaml: no pin for backend 'vllm'; pinned: torch, sglang, trtllm",
+        replace(
+            PINS,
+            "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
+            "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
+        ),
+        env=NO_ENGINE,
+    ),
+    Row(
+        "collect-a-backend-pins-yaml-does-not-pin",
+        ("collect", "vllm", "--version", "0.24.0", "--root", "{tree}"),
+        "pins.yaml: no pin for backend 'vllm'; pinned: torch, sglang, trtllm",
+        replace(
+            PINS,
+            "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
+            "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
+        ),
+        env=NO_ENGINE,
+    ),
 ]
 
 

@@ -25,12 +25,12 @@ def _add_build(sub) -> None:
 
 
 def check_pins(tree, pins: Path | None, backend: str | None = None, version: str | None = None) -> None:
-    """Read the pins before planning or reaching the Docker engine: a broken pins.yaml, or a version it does not
-    pin, is named first."""
+    """Read the pins before planning or reaching the Docker engine: a broken pins.yaml, a backend it does not pin
+    or a version it does not pin (the backend's current one when none is given) is named first."""
     from opcollect.images.pins import load_pins
 
     loaded = load_pins(pins or tree.pins)
-    if version is not None:
+    if backend is not None:
         loaded.pin(backend, version)
 
 
@@ -43,7 +43,7 @@ def cmd_build(args) -> int:
         return 0
     if args.backend is None:
         raise InputError("build: name a backend (torch, vllm, sglang or trtllm), or pass --prune")
-    check_pins(find_project(args.root), args.pins)
+    check_pins(find_project(args.root), args.pins, args.backend, args.version)
     built = build_image(
         find_project(args.root), args.backend, args.pins, args.base_image, no_cache=args.no_cache, version=args.version
     )

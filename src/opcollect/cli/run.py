@@ -145,7 +145,7 @@ def cmd_collect(args) -> int:
         print(describe(summary))
         run_dir = summary.run_dir
     else:
-        check_pins(tree, args.pins)
+        check_pins(tree, args.pins, args.backend)
         try:
             prepared = collect_in_container(tree, request, args.pins, args.base_image, args.gpus)
         except (Interrupted, KeyboardInterrupt) as exc:

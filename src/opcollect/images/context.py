@@ -147,7 +147,8 @@ def build_wheel(tree: ProjectTree, collector: str, dest: Path) -> Path:
             text=True,
         )
         if done.returncode:
-            raise InputError(f"building the opcollect wheel failed: {done.stderr.strip().splitlines()[-1:]}")
+            last = (done.stderr.strip().splitlines() or [f"pip wheel exited with code {done.returncode}"])[-1]
+            raise InputError(f"building the opcollect wheel failed: {last}")
     [wheel] = sorted(Path(dest).glob("opcollect-*.whl"))
     return wheel
 
