@@ -295,6 +295,13 @@ MERGE_RUN = ("merge", "{run}", "--into", "{tmp}/new-tables")
 PERF_RULE = "{tables}/" + DIR + "/gemm_perf.parquet: "
 EVENT = "{run}/events/r1.json: "
 
+# pins.yaml without its vLLM entry: the commands that need that pin name it before anything else
+UNPIN_VLLM = replace(
+    PINS,
+    "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
+    "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
+)
+
 ROWS = [
     # --- case YAML, model profiles, systems, pins -------------------------------------------------------
     Row("case-yaml-not-utf8", PLAN_TREE, "gemm.yaml: not UTF-8 (byte 0xe9", prepend(GEMM_YAML, LATIN1)),
@@ -1529,11 +1536,7 @@ ROWS = [
         "refusals-a-bump-a-backend-pins-yaml-does-not-pin",
         ("bump", "vllm", "--version", "0.25.0", "--image", "v:0.25.0@sha256:" + "0" * 64, "--root", "{tree}"),
         "{tree}/pins.yaml: no pin for backend 'vllm'; pinned: torch, sglang, trtllm",
-        replace(
-            PINS,
-            "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
-            "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
-        ),
+        UNPIN_VLLM,
     ),
     Row(
         "refusals-a-bump-moved-before-the-bump",
@@ -1671,24 +1674,16 @@ ROWS = [
     ),
     Row(  # named before the Docker engine is reached (none answers here)
         "build-a-backend-pins-yaml-does-not-pin",
-        ("build", "vllm", "--root", "{tree}"),
+        BUILD_TREE,
         "pins.yaml: no pin for backend 'vllm'; pinned: torch, sglang, trtllm",
-        replace(
-            PINS,
-            "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
-            "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
-        ),
+        UNPIN_VLLM,
         env=NO_ENGINE,
     ),
     Row(
         "collect-a-backend-pins-yaml-does-not-pin",
         ("collect", "vllm", "--version", "0.24.0", "--root", "{tree}"),
         "pins.yaml: no pin for backend 'vllm'; pinned: torch, sglang, trtllm",
-        replace(
-            PINS,
-            "  vllm:\n    current: 0.24.0\n    versions:\n      0.24.0:\n        image: ",
-            "  # vllm:\n    # current: 0.24.0\n    # versions:\n      # 0.24.0:\n        # image: ",
-        ),
+        UNPIN_VLLM,
         env=NO_ENGINE,
     ),
 ]
