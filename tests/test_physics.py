@@ -417,3 +417,34 @@ def test_r8_broken_project_systems_are_a_warning_of_check(tmp_path, tree_copy):
     assert f"R8 warning: {path}: no bound: {spec}: field 'dense_tflops.fp8': Input should be greater than 0" in (
         done.stdout
     )
+
+
+def test_system_names_the_system_of_every_per_system_directory(tmp_path):
+    """--system judges a TABLES tree's directories by the named system, not by the directory names."""
+    from opcollect.tables.physics import system_roots
+
+    systems = load_systems(find_project().systems)
+    for name in ("h200_sxm", "h100_sxm"):
+        (tmp_path / name / "gemm").mkdir(parents=True)
+    assert system_roots(tmp_path, systems, None) == [
+        (tmp_path / "h100_sxm", systems["h100_sxm"]),
+        (tmp_path / "h200_sxm", systems["h200_sxm"]),
+    ]
+    chosen = system_roots(tmp_path, systems, "b200_sxm")
+    assert chosen == [(tmp_path / "h100_sxm", systems["b200_sxm"]), (tmp_path / "h200_sxm", systems["b200_sxm"])]
+
+
+def test_the_host_probe_counts_a_copy_as_a_read_and_a_write(monkeypatch):
+    """bandwidth = 2 x bytes / seconds (the copy reads and writes its buffer); TFLOP/s = 2 n^3 / seconds."""
+    pytest.importorskip("torch")
+    from opcollect.runtime import hostprobe
+
+    monkeypatch.setattr(hostprobe, "cache_bytes", lambda: 48 * 2**20)
+    seconds = {2: 0.5, 1: 0.25}  # the matmuls take at least two calls, the copy at least one
+    monkeypatch.setattr(hostprobe, "_best_seconds", lambda call, budget, at_least=2: seconds[at_least])
+    figures = hostprobe.host_figures("cpu")
+    size = 96 * 2**20  # twice the cache, between the floor and the ceiling
+    assert figures["bandwidth_bytes_per_s"] == int(2 * size / 0.25)
+    assert figures["cache_bytes"] == 48 * 2**20
+    assert figures["dense_tflops"] == {name: 2.0 * n**3 / 0.5 / 1e12 for name, n in hostprobe.MATMUL_SIZE.items()}
+    assert hostprobe.host_figures("cuda:0") is None

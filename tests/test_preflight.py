@@ -109,6 +109,17 @@ def test_every_miss_is_counted_and_the_framework_is_never_imported(tmp_path, mon
     assert any("Mapping: no parameter 'tp_size'" in line for line in misses)
 
 
+def test_a_single_miss_names_no_more(tmp_path, monkeypatch):
+    site = _install_trtllm(tmp_path)
+    _doctor(site / "tensorrt_llm/_torch/modules/linear.py", "class Linear(", "class LinearLayer(")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(FrameworkMismatch) as refused:
+        preflight("trtllm")
+    message = str(refused.value)
+    assert "tensorrt_llm._torch.modules.linear.Linear: not defined" in message
+    assert "more:" not in message and "opcollect contract" not in message, message
+
+
 def test_nothing_to_check_without_an_installed_framework(monkeypatch):
     assert preflight("torch") is None  # the torch backend uses no framework
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
