@@ -166,6 +166,21 @@ def test_a_collective_row_adds_its_ranks_start_and_counts_its_devices():
     assert cost.device_seconds == pytest.approx(2 * (5.0 + sum(each)), rel=1e-12)
 
 
+def test_a_collective_rows_measured_seconds_count_every_device_it_held(tmp_path):
+    """compare_run sets device-seconds against device-seconds: a 2-GPU case's wall seconds count twice."""
+    cases = [OPS["comm"].case_type("half", "all_reduce", 2, 1024), OPS["comm"].case_type("half", "all_gather", 2, 1024)]
+    write_plan(plan_of_cases("torch", "cpu", "comm", cases, "gloo", "x" * 64), tmp_path / "p.json")
+    plan = read_plan(tmp_path / "p.json")
+    ids = plan.ops["comm"].ids
+    costing = toy("cpu", CPU, NOISY)
+    [whole] = compare_run(plan, {"comm": {ids[0]: 1.5, ids[1]: 0.5}}, costing)
+    [(_, cost)] = costing.units(OPS["comm"], plan.ops["comm"].cases, ids, plan.ops["comm"].rows)
+    assert whole.cases == 2 and whole.measured == pytest.approx(2 * (1.5 + 0.5))
+    assert whole.predicted == pytest.approx(cost.device_seconds)  # a collective carries no first-case cost
+    [half] = compare_run(plan, {"comm": {ids[1]: 0.5}}, costing)  # one case of the row: half its prediction
+    assert half.measured == pytest.approx(1.0) and half.predicted == pytest.approx(cost.device_seconds / 2)
+
+
 # -- shards dealt by predicted time ----------------------------------------------------------------------------------
 def _skewed():
     """Light and heavy GEMMs alternating in case-ID order ('n=16,' sorts before 'n=16384'), so that round-robin
