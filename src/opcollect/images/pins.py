@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from opcollect.cases.grids import Frozen
 from opcollect.errors import InputError
@@ -70,18 +70,21 @@ class BackendPins(Frozen):
 class Pins(Frozen):
     schema_version: Literal[1]
     backends: dict[Literal[BACKENDS], BackendPins] = Field(min_length=1)
+    _source: str = PrivateAttr(default="pins.yaml")  # the file it was read from, which its refusals name
 
     def pin(self, backend: str, version: str | None = None) -> tuple[str, VersionPin]:
         entry = self.backends.get(backend)  # type: ignore[call-overload]
         if entry is None:
-            raise InputError(f"pins.yaml: no pin for backend {backend!r}; pinned: {', '.join(self.backends)}")
+            raise InputError(f"{self._source}: no pin for backend {backend!r}; pinned: {', '.join(self.backends)}")
         chosen = version or entry.current
         if chosen not in entry.versions:
             raise InputError(
-                f"pins.yaml: backend {backend!r} has no version {chosen!r}; pinned: {', '.join(entry.versions)}"
+                f"{self._source}: backend {backend!r} has no version {chosen!r}; pinned: {', '.join(entry.versions)}"
             )
         return chosen, entry.versions[chosen]
 
 
 def load_pins(path: Path) -> Pins:
-    return load_typed(path, Pins)
+    pins = load_typed(path, Pins)
+    pins._source = str(path)
+    return pins
