@@ -349,6 +349,20 @@ def test_one_key_column_a_null_key_and_no_row_at_a_planned_key(tmp_path):
     assert (found["keys"], found["covered"], found["percent"], found["patterns"]) == (0, 0, 100.0, [])
 
 
+def test_the_dispatch_lines_count_agreeing_rows_and_each_disagreement(tmp_path):
+    """Three planned keys, all in the table (kernel_source k): the plan names j at two of them, k at one."""
+    path = _one_column(tmp_path / "gemm_perf.parquet", [8, 16, 32, 8])
+    planned = [tuple(OPS["gemm"].case_type("bfloat16", m, 128, 256)) for m in (8, 16, 32)]
+    found = table_coverage(OPS["gemm"], planned, path, "vllm", ["j", "k", "j"])
+    report = {"tables_root": "/T", "backend": "vllm", "sm": "90", "plan_hash": "a" * 64, "cases": 3}
+    text = render_coverage({**report, "tables": [{"path": "gemm_perf.parquet", **found}]})
+    assert text.splitlines()[1:] == [
+        "  gemm_perf.parquet (gemm): 3 of 3 keys covered (100.0%), 0 missing; the plan has 3 keys",
+        "      dispatch names the table's kernel_source in 1 of 4 rows at covered keys (25.0%)",
+        "        plan j where the table has k: 3 rows",
+    ]
+
+
 def test_render_counts_the_patterns_left_off():
     """The reference GEMM slice (test above): 8 patterns shown of 31, the other 23 hold 2,948 - 1,628 - 7 x 44."""
     values = [v for v in key_rows(GEMM, "gemm") if v[0] != "fp8_block" and v[1] <= 1024]

@@ -1,0 +1,138 @@
+"""The numbers inside summaries and messages, checked exactly: the run summary's kernel sentences (rows summed
+over pairs, the three commonest pairs in order, how many more, how many rows left their kernels unread), the plan's
+exactly-once check, the cost comparison's totals and the Slurm submission line. A count off by one or summed wrongly
+reads as plausibly as the right one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import fake_run, gemm_plan, llama_config
+
+from opcollect.backends.kernels import describe_observed
+from opcollect.cluster.status import planned_ids
+from opcollect.cluster.submit import Submitted, describe
+from opcollect.errors import InputError
+from opcollect.plans.gemm import GemmCase
+from opcollect.plans.planner import Row, check_exactly_once
+from opcollect.plans.predict import OpCompare, describe_compare, hours
+from opcollect.plans.report import _cost
+from opcollect.project import find_project
+from opcollect.runtime.run import _dispatch_misses
+from opcollect.tables.merge import merge
+
+LINEAR = "torch.nn.functional.linear"  # torch's GEMM label: it means aten::linear/addmm/mm/matmul names
+
+
+def _ok(**fields) -> dict:
+    return {"status": "ok", "op": "gemm", **fields}
+
+
+def test_dispatch_misses_sum_rows_show_the_three_commonest_pairs_and_count_the_rest():
+    counts = {"k1": 4, "k2": 3, "k3": 2, "k4": 1, "k5": 1}
+    records = [_ok(dispatch="planned", kernel_source=k) for k, n in counts.items() for _ in range(n)]
+    records += [_ok(dispatch="planned", kernel_source="planned")] * 6  # ran what the plan named
+    records += [{"status": "failed", "dispatch": "planned", "error_class": "oom"}]  # a failure ran nothing
+    assert _dispatch_misses(records) == (
+        "; 11 rows ran another kernel than the plan named: planned ran k1 (4), planned ran k2 (3), planned ran k3 (2), "
+        "2 more pairs"
+    )
+
+
+def test_dispatch_misses_count_what_ran_beneath_a_label_and_show_no_more_for_three_pairs():
+    records = [
+        _ok(dispatch="d", kernel_source="d", expected_ran="nccl", ran="custom"),
+        _ok(dispatch="d", kernel_source="d", expected_ran="nccl", ran="custom"),
+        _ok(dispatch="d", kernel_source="d", expected_ran="nccl", ran="nccl"),  # ran what it expected
+        _ok(dispatch="d", kernel_source="e"),
+        _ok(dispatch="d", kernel_source="f"),
+    ]
+    said = _dispatch_misses(records)
+    assert said == "; 4 rows ran another kernel than the plan named: nccl ran custom (2), d ran e (1), d ran f (1)"
+
+
+def test_observed_kernels_sentence_counts_rows_pairs_and_unread_rows():
+    wrong = {"aten::bmm": 3, "aten::conv2d": 2, "aten::add": 2, "aten::mul": 1, "aten::relu": 1}
+    records = [_ok(kernel_source=LINEAR, kernels=[name]) for name, n in wrong.items() for _ in range(n)]
+    records += [_ok(kernel_source=LINEAR, kernels=["aten::linear"])] * 2  # matches its label
+    records += [_ok(kernel_source=LINEAR, kernels=None, kernels_unread="profiler off")] * 3
+    records += [_ok(kernel_source=LINEAR, kernels=None, kernels_unread="no trace")]
+    records += [{"status": "failed", "op": "gemm", "kernels": ["aten::bmm"]}]  # not a measured row
+    said = describe_observed("torch", records)
+    assert said == (
+        "; kernels observed on 11 of 15 rows (4 unread: profiler off); 9 rows ran kernels their label does not name: "
+        f"{LINEAR} ran aten::bmm (3), {LINEAR} ran aten::conv2d (2), {LINEAR} ran aten::add (2), 2 more pairs"
+    )
+
+
+def test_observed_kernels_sentence_is_empty_without_observations_and_says_when_all_match():
+    assert describe_observed("torch", [_ok(kernel_source=LINEAR)]) == ""
+    records = [_ok(kernel_source=LINEAR, kernels=["aten::linear"]), _ok(kernel_source=LINEAR, kernels=["aten::mm"])]
+    assert describe_observed("torch", records) == "; kernels observed on 2 of 2 rows, each matching its label"
+
+
+def test_exactly_once_names_each_count_and_the_first_offender():
+    ids = ["a", "b", "c", "d"]
+    rows = [Row("r1", "x", ("a", "b", "z")), Row("r2", "x", ("a", "b")), Row("r3", "x", ("y",))]
+    with pytest.raises(AssertionError) as raised:
+        check_exactly_once("gemm", ids, rows)
+    assert str(raised.value) == "gemm: batch rows time 2 cases twice, miss 2, add 2 (e.g. a)"
+    with pytest.raises(AssertionError) as raised:
+        check_exactly_once("gemm", ids, [Row("r1", "x", ("a", "b", "c", "d", "q"))])
+    assert str(raised.value) == "gemm: batch rows time 0 cases twice, miss 0, add 1 (e.g. q)"
+    check_exactly_once("gemm", ids, [Row("r1", "x", ("d", "c")), Row("r2", "x", ("b", "a"))])  # each once: no error
+
+
+def test_cost_comparison_totals_each_side_and_the_ratio_of_the_totals():
+    rows = [OpCompare("gemm", 3, 2.0, 3.0), OpCompare("moe", 1, 6.0, 3.0)]
+    assert describe_compare(rows, "h200_sxm") == (
+        "cost on h200_sxm, predicted/measured device-seconds (x measured/predicted): gemm 2.0/3.0 s (x1.50), "
+        "moe 6.0/3.0 s (x0.50); total 8.0/6.0 s (x0.75)"
+    )
+    assert describe_compare([], "h200_sxm") == ""
+
+
+def test_the_submission_line_names_both_jobs_every_task_and_the_planned_cases():
+    said = describe(Submitted(Path("/runs/r"), "101", "102", (0, 2, 5), 37))
+    assert said == (
+        "submitted array job 101 (tasks 0,2,5) and merge job 102 (after it) for 37 planned cases in /runs/r\n"
+        "follow them: squeue -j 101,102; opcollect status /runs/r; logs in /runs/r/logs"
+    )
+
+
+def test_hours_switch_at_six_minutes_and_the_plan_cost_names_the_worker_start():
+    assert (hours(359.94), hours(360), hours(7200)) == ("359.9 s", "0.10 h", "2.00 h")
+    said = _cost({"device_seconds": 9000, "cost_system": "h200_sxm", "worker_start_seconds": 42})
+    assert said == "; predicted 2.50 h on h200_sxm (42.0 s of it a worker's start)"
+    assert _cost({"device_seconds": None}) == "; no cost predicted (no systems/*.yaml has this SM)"
+
+
+def test_a_shards_plan_file_must_be_that_shard(tmp_path):
+    plan = gemm_plan(tmp_path / "plan.json", [(1, 8, 8), (2, 8, 8)])
+    assert len(planned_ids(plan)) == len(planned_ids(plan, None)) == 2
+    with pytest.raises(InputError) as raised:
+        planned_ids(plan, (1, 4))
+    assert str(raised.value) == (
+        f"{plan}: the plan of shard none, not 1/4; give the run directory of `opcollect collect ... --slurm` as it "
+        "wrote it"
+    )
+
+
+def test_layer_types_the_plan_does_not_time_are_named_in_a_note(tmp_path):
+    kinds = ["full_attention", "chunked_attention", "sliding_attention", "mamba"]
+    model = llama_config(tmp_path, _name_or_path="toy", layer_types=kinds, sliding_window=512, num_hidden_layers=4)
+    note = "toy: layer_types chunked_attention, mamba are not planned; its full_attention and sliding_attention layers "
+    note += "are"
+    assert note in model.notes
+    plain = llama_config(tmp_path, _name_or_path="toy", layer_types=kinds[::2], sliding_window=512)
+    assert not [n for n in plain.notes if "layer_types" in n]
+
+
+@pytest.mark.parametrize(("field", "value"), [("version", "../elsewhere"), ("nccl_version", "2.26/..")])
+def test_merge_names_the_runtime_field_whose_value_would_leave_tables(tmp_path, field, value):
+    run = fake_run(tmp_path / "run", [GemmCase("bfloat16", 8, 64, 64)], **{field: value})
+    with pytest.raises(InputError) as raised:
+        merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
+    assert str(raised.value).startswith(f"{run / 'shards'}: runtime field '{field}'")
+    assert not (tmp_path / "tables").exists() or not any((tmp_path / "tables").rglob("*.parquet"))
