@@ -11,6 +11,8 @@ import pytest
 from conftest import fake_run, gemm_plan, llama_config
 
 from opcollect.backends.kernels import describe_observed
+from opcollect.cases.profiles import parse_config
+from opcollect.cases.sparse import _checkpoint_gemm
 from opcollect.cluster.status import planned_ids
 from opcollect.cluster.submit import Submitted, describe
 from opcollect.errors import InputError
@@ -136,3 +138,46 @@ def test_merge_names_the_runtime_field_whose_value_would_leave_tables(tmp_path, 
         merge([run], tmp_path / "tables", find_project(), say=lambda line: None)
     assert str(raised.value).startswith(f"{run / 'shards'}: runtime field '{field}'")
     assert not (tmp_path / "tables").exists() or not any((tmp_path / "tables").rglob("*.parquet"))
+
+
+QWEN3_MOE = {
+    "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 4096,
+    "num_hidden_layers": 4, "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [
+        ({"mlp_only_layers": [0]}, " (mlp_only_layers are dense)"),
+        ({"decoder_sparse_step": 2}, " (some layers are dense)"),
+        ({"first_k_dense_replace": 3}, " (the first 3 layers are dense)"),
+    ],
+)
+def test_a_moe_model_with_dense_layers_needs_their_width_and_says_why(keys, why):
+    with pytest.raises(InputError) as raised:
+        parse_config("c.json", "Qwen3MoeForCausalLM", "m", {**QWEN3_MOE, **keys})
+    assert str(raised.value).endswith(
+        f"missing key 'intermediate_size' required for Qwen3MoeForCausalLM{why}; add it to the config"
+    )
+    with_dense = parse_config("c.json", "Qwen3MoeForCausalLM", "m", {**QWEN3_MOE, **keys, "intermediate_size": 768})
+    assert with_dense.layout.dense.inter == 768
+    all_moe = parse_config("c.json", "Qwen3MoeForCausalLM", "m", {**QWEN3_MOE, "intermediate_size": 768})
+    assert all_moe.layout.dense is None  # every layer MoE: the dense width is not planned
+
+
+@pytest.mark.parametrize(
+    ("quantization", "gemm"),
+    [
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8_block"),
+        ({"quant_method": "modelopt", "quant_algo": "fp8_pb_wo"}, "fp8_block"),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "bfloat16"),
+        ({"quant_method": "modelopt", "quant_algo": "W4A8_NVFP4_FP8"}, "bfloat16"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8_block"),
+        ({"quant_method": "fp8"}, "bfloat16"),
+        ({"quant_method": "awq", "quant_algo": "FP8"}, "bfloat16"),
+        ("fp8", "bfloat16"),
+    ],
+)
+def test_the_dsa_projection_gemm_follows_the_checkpoints_quantization(quantization, gemm):
+    assert _checkpoint_gemm(quantization) == gemm
