@@ -118,7 +118,7 @@ def test_gdn_layers_need_conv_state_and_grouped_value_heads():
 
 
 def test_gdn_packed_decode_is_refused_past_cudas_grid_y_only():
-    limit = gdn_layer.PACKED_DECODE_GRID_Y
+    limit = 65_535  # CUDA's gridDim.y maximum
     at_limit = _gdn(batch_size=limit // 32, num_v_heads=32)
     assert gdn_layer.check_packed_decode(at_limit, "vLLM", "f.py:1") is None
     over = _gdn(batch_size=limit // 32 + 1, num_v_heads=32)
