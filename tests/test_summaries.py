@@ -1,7 +1,8 @@
-"""The numbers inside summaries and messages, checked exactly: the run summary's kernel sentences (rows summed
-over pairs, the three commonest pairs in order, how many more, how many rows left their kernels unread), the plan's
-exactly-once check, the cost comparison's totals and the Slurm submission line. A count off by one or summed wrongly
-reads as plausibly as the right one."""
+"""The numbers inside summaries and messages, and the boundaries and constants of rules, checked exactly: a count
+off by one, a sum over the wrong records, a threshold one step away or a constant changed reads as plausibly as the
+right one. Among them: the run summary's kernel sentences, the plan's exactly-once check, the cost comparison and
+calls per sample, the Slurm submission line and record bounds, the bump report's moved rows, model notes and refusals,
+and SGLang's dense-MHA thresholds for a DSA prefill."""
 
 from __future__ import annotations
 
@@ -13,16 +14,22 @@ from conftest import fake_run, gemm_plan, llama_config
 from opcollect.backends.kernels import describe_observed
 from opcollect.cases.profiles import parse_config
 from opcollect.cases.sparse import _checkpoint_gemm
+from opcollect.cluster.record import parse_record
 from opcollect.cluster.status import planned_ids
 from opcollect.cluster.submit import Submitted, describe
 from opcollect.errors import InputError
+from opcollect.images.bump_report import moved_section
+from opcollect.plans.cost import calls_for_estimate, efficiency
+from opcollect.plans.dsa import DsaModuleCase, _sglang_context
 from opcollect.plans.gemm import GemmCase
 from opcollect.plans.planner import Row, check_exactly_once
 from opcollect.plans.predict import OpCompare, describe_compare, hours
 from opcollect.plans.report import _cost
 from opcollect.project import find_project
+from opcollect.runtime.harness import calls_for
 from opcollect.runtime.run import _dispatch_misses
 from opcollect.tables.merge import merge
+from opcollect.tables.noise import DEFAULT_THRESHOLDS
 
 LINEAR = "torch.nn.functional.linear"  # torch's GEMM label: it means aten::linear/addmm/mm/matmul names
 
@@ -181,3 +188,68 @@ def test_a_moe_model_with_dense_layers_needs_their_width_and_says_why(keys, why)
 )
 def test_the_dsa_projection_gemm_follows_the_checkpoints_quantization(quantization, gemm):
     assert _checkpoint_gemm(quantization) == gemm
+
+
+@pytest.mark.parametrize(
+    ("sm", "batch", "isl", "step", "label"),
+    [
+        ("90", 1, 1024, 1024, "sglang_dsa_dense_mha_fa3"),  # the longest request at the threshold, 2048
+        ("90", 1, 1025, 1024, "sglang_dsa_indexer_flashmla_sparse"),  # one past it
+        ("100", 64, 1024, 1024, "sglang_dsa_dense_mha_trtllm_ragged"),  # 64 x 2048 tokens: the chunk capacity
+        ("100", 65, 1024, 1024, "sglang_dsa_indexer_flashmla_sparse"),  # past the capacity
+        ("120", 1, 16, 0, "sglang_dsa_indexer_flashmla_sparse"),  # dense MHA on SM90 and SM100-109 only
+    ],
+)
+def test_sglang_runs_a_short_dsa_prefill_as_dense_mha_within_both_thresholds(sm, batch, isl, step, label):
+    case = DsaModuleCase("dsa_context_module", "m", "GlmMoeDsaForCausalLM", "bfloat16", "bfloat16", "bfloat16",
+                         8, batch, isl, 1, step)  # fmt: skip
+    assert _sglang_context(sm, "sglang_dsa_indexer_flashmla_sparse", case) == label
+
+
+def test_a_slurm_record_holds_1_to_1000_shards_and_tasks_below_its_count():
+    def record(shards, tasks):
+        return {"shards": shards, "submissions": [{"array_job": "7", "merge_job": "8", "tasks": tasks}]}
+
+    assert parse_record(Path("s.json"), record(1000, [0, 999])).shards == 1000
+    assert parse_record(Path("s.json"), record(1, [0])).submissions[0].tasks == (0,)
+    for shards, tasks, said in (
+        (1001, [0], "field 'shards': 1001 is not a whole number from 1 to 1000"),
+        (0, [0], "field 'shards': 0 is not a whole number from 1 to 1000"),
+        (4, [4], "field 'submissions[0].tasks': 4 is not a whole number from 0 to 3"),
+        (4, [-1], "field 'submissions[0].tasks': -1 is not a whole number from 0 to 3"),
+    ):
+        with pytest.raises(InputError) as raised:
+            parse_record(Path("s.json"), record(shards, tasks))
+        assert str(raised.value).startswith(f"s.json: {said}; give the run directory")
+
+
+@pytest.mark.parametrize("once", [0.0, 2.0**-30, 2.0**-17, 2.0**-8, 2.0])
+@pytest.mark.parametrize("target", [2.0**-12, 1.0])
+def test_the_cost_models_calls_per_sample_are_the_harnesses(once, target):
+    """plans/cost.py predicts calls_for's answer (runtime/harness.py) without running it: the same bound, the same
+    floor of 1e-7 s a call, for calls of exactly ``once`` seconds on a clock that only the calls advance."""
+
+    now = [0.0]
+
+    def call():
+        now[0] += once
+
+    measured = calls_for(call, target, clock=lambda: now[0])
+    assert calls_for_estimate(once, target) == measured
+    assert 1 <= measured <= 10_000
+
+
+def test_an_op_without_an_efficiency_is_costed_at_five_percent():
+    assert efficiency("cpu", "no_such_op", "torch") == efficiency("cuda", "no_such_op", "vllm") == 0.05
+
+
+def test_the_bump_reports_moved_section_lists_50_rows_a_table_and_counts_the_rest(tmp_path):
+
+    cases = [GemmCase("bfloat16", m, 64, 64) for m in range(1, 53)]
+    for name, version, latency in (("old", "0.24.0", 1.0), ("new", "0.25.0", 2.0)):
+        run = fake_run(tmp_path / f"{name}-run", cases, latency=latency, version=version)
+        merge([run], tmp_path / name, find_project(), say=lambda line: None)
+    text = moved_section(tmp_path / "old", tmp_path / "new", "vllm", "0.24.0", "0.25.0", DEFAULT_THRESHOLDS)
+    listed = [line for line in text.splitlines() if line.startswith("- `")]
+    assert len(listed) == 50
+    assert "- and 2 more: `opcollect compare` the two tables" in text.splitlines()
