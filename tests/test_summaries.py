@@ -22,6 +22,7 @@ from opcollect.images.bump_report import moved_section
 from opcollect.plans.cost import calls_for_estimate, efficiency
 from opcollect.plans.dsa import DsaModuleCase, _sglang_context
 from opcollect.plans.gemm import GemmCase
+from opcollect.plans.moe import MoeCase, _sglang_model
 from opcollect.plans.planner import Row, check_exactly_once
 from opcollect.plans.predict import OpCompare, describe_compare, hours
 from opcollect.plans.report import _cost
@@ -253,3 +254,19 @@ def test_the_bump_reports_moved_section_lists_50_rows_a_table_and_counts_the_res
     listed = [line for line in text.splitlines() if line.startswith("- `")]
     assert len(listed) == 50
     assert "- and 2 more: `opcollect compare` the two tables" in text.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("sm", "hidden", "label"),
+    [
+        ("100", 7168, "sglang_flashinfer_trtllm_moe"),  # DeepSeek-V3's width on SM100: ServerArgs forces it
+        ("103", 7168, "sglang_flashinfer_trtllm_moe"),
+        ("100", 6144, "sglang_fused_moe_triton"),
+        ("90", 7168, "sglang_fused_moe_triton"),
+    ],
+)
+def test_sglangs_hand_moe_rules_force_flashinfer_trtllm_for_deepseeks_width_on_sm100(sm, hidden, label):
+    """The rules for what the selection file does not answer (an SM or entry it lacks): a bf16 MoE of width 7168
+    (DeepSeek-V3, Kimi-K2.5) on SM100/103 runs flashinfer_trtllm, any other the Triton runner."""
+    case = MoeCase("bfloat16", 16, hidden, 1000, 3, 64, 1, 1, "balanced")
+    assert _sglang_model(sm, "bfloat16", case) == label
