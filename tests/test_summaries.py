@@ -28,6 +28,7 @@ from opcollect.plans.predict import OpCompare, describe_compare, hours
 from opcollect.plans.report import _cost
 from opcollect.project import find_project
 from opcollect.runtime.harness import calls_for
+from opcollect.runtime.observe import bounded
 from opcollect.runtime.run import _dispatch_misses
 from opcollect.tables.merge import merge
 from opcollect.tables.noise import DEFAULT_THRESHOLDS
@@ -270,3 +271,11 @@ def test_sglangs_hand_moe_rules_force_flashinfer_trtllm_for_deepseeks_width_on_s
     (DeepSeek-V3, Kimi-K2.5) on SM100/103 runs flashinfer_trtllm, any other the Triton runner."""
     case = MoeCase("bfloat16", 16, hidden, 1000, 3, 64, 1, 1, "balanced")
     assert _sglang_model(sm, "bfloat16", case) == label
+
+
+def test_observed_names_are_cut_to_400_characters_and_64_names():
+    long = [f"kernel_{i:03d}_" + "x" * 500 for i in range(70)]
+    kept = bounded([*long[:3], long[0], *long[3:]])  # a repeat is kept once, where it first came
+    assert len(kept) == 64 and all(len(name) == 400 for name in kept)
+    assert kept[:2] == (long[0][:400], long[1][:400]) and kept[-1] == long[63][:400]
+    assert bounded(["a  b\n c", "a b c", "d"]) == ("a b c", "d")  # one line each, the same name after that
