@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import fake_run, gemm_plan, llama_config
+from crafted_plans import craft, set_column
 
 from opcollect.backends.kernels import describe_observed
 from opcollect.cases.profiles import parse_config
@@ -29,6 +30,7 @@ from opcollect.plans.report import _cost
 from opcollect.project import find_project
 from opcollect.runtime.harness import calls_for
 from opcollect.runtime.observe import bounded
+from opcollect.runtime.planfile import read_plan
 from opcollect.runtime.run import _dispatch_misses
 from opcollect.tables.merge import merge
 from opcollect.tables.noise import DEFAULT_THRESHOLDS
@@ -279,3 +281,13 @@ def test_observed_names_are_cut_to_400_characters_and_64_names():
     assert len(kept) == 64 and all(len(name) == 400 for name in kept)
     assert kept[:2] == (long[0][:400], long[1][:400]) and kept[-1] == long[63][:400]
     assert bounded(["a  b\n c", "a b c", "d"]) == ("a b c", "d")  # one line each, the same name after that
+
+
+@pytest.mark.parametrize(("field", "low"), [("m", 1), ("k", 1)])
+def test_a_plan_column_holds_integers_up_to_2_to_the_40(tmp_path, field, low):
+    top = craft(gemm_plan(tmp_path / "top.json", [(1, 64, 64)]), set_column(field, 2**40))
+    assert read_plan(top).ops["gemm"].cases[0]._asdict()[field] == 2**40
+    for bad in (2**40 + 1, low - 1):
+        path = craft(gemm_plan(tmp_path / "bad.json", [(1, 64, 64)]), set_column(field, bad))
+        with pytest.raises(InputError, match=rf"columns\.{field}.*{bad} is not an integer from {low} to 2\*\*40"):
+            read_plan(path)
