@@ -257,3 +257,12 @@ def test_non_monotonic_steps_are_found_per_kernel(tmp_path):
     dip = _perf_table(tmp_path / "d" / "gemm_perf.parquet", table[:4] + [(4, "a", 0.5), (4, "b", 2.4)])
     [(key, before, after)] = compare_tables(dip, dip).non_monotonic
     assert key == "op_name=gemm,gemm_dtype=bfloat16,m=4,n=1024,k=1024" and (before, after) == (1.1, 0.5)
+
+
+def test_a_step_counts_as_non_monotonic_past_a_five_percent_drop(tmp_path):
+    base = [(1, "a", 1.0), (2, "a", 1.1)]
+    within = _perf_table(tmp_path / "w" / "gemm_perf.parquet", [*base, (4, "a", 1.1 * 0.951)])
+    assert compare_tables(within, within).non_monotonic == []
+    past = _perf_table(tmp_path / "p" / "gemm_perf.parquet", [*base, (4, "a", 1.1 * 0.949)])
+    [(_, before, after)] = compare_tables(past, past).non_monotonic
+    assert (before, after) == (1.1, 1.1 * 0.949)

@@ -114,6 +114,7 @@ def test_rotation_covers_three_l2_sizes_within_memory():
     assert rotation_copies(10 * 2**20, 50 * 2**20, 100 * 2**30) == 15
     assert rotation_copies(400 * 2**20, 50 * 2**20, 100 * 2**30) == 1
     assert rotation_copies(10 * 2**20, 50 * 2**20, 60 * 2**20) == 3  # only half the free memory
+    assert rotation_copies(2**10, 50 * 2**20, 100 * 2**30) == 64  # a tiny footprint: at most 64 copies
     assert free_memory("cpu") > 0
 
 
