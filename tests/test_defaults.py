@@ -8,6 +8,7 @@ import pytest
 from opcollect.cli import build_parser
 from opcollect.runtime.harness import TimingConfig
 from opcollect.tables.noise import DEFAULT_THRESHOLDS
+from opcollect.tables.rules import NOISE_BOUND
 
 
 def _parse(*argv):
@@ -46,6 +47,7 @@ def test_the_timing_defaults_are_the_ones_the_help_states(kind, noise, samples, 
 def test_check_and_compare_defaults():
     check = _parse("check", "T")
     assert (check.noise_bound, check.strict) == (0.05, False)
+    assert NOISE_BOUND == 0.05  # check_tables' own default, for callers that pass none
     compare = _parse("compare", "A", "B")
     t = DEFAULT_THRESHOLDS
     assert (compare.min_gap, compare.noise_ceiling, compare.min_samples, compare.tolerance) == (
