@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from conftest import fake_run, gemm_plan, llama_config
 from crafted_plans import craft, set_column
@@ -34,6 +35,7 @@ from opcollect.runtime.planfile import read_plan
 from opcollect.runtime.run import _dispatch_misses
 from opcollect.tables.merge import merge
 from opcollect.tables.noise import DEFAULT_THRESHOLDS
+from opcollect.tables.rules import _ids
 
 LINEAR = "torch.nn.functional.linear"  # torch's GEMM label: it means aten::linear/addmm/mm/matmul names
 
@@ -291,3 +293,9 @@ def test_a_plan_column_holds_integers_up_to_2_to_the_40(tmp_path, field, low):
         path = craft(gemm_plan(tmp_path / "bad.json", [(1, 64, 64)]), set_column(field, bad))
         with pytest.raises(InputError, match=rf"columns\.{field}.*{bad} is not an integer from {low} to 2\*\*40"):
             read_plan(path)
+
+
+def test_a_finding_names_at_most_10_offending_rows():
+    table = pa.table({"case_id": [f"c{i}" for i in range(12)], "latency": [0.0] * 12})
+    assert _ids(table, pa.array([True] * 12)) == tuple(f"c{i}" for i in range(10))
+    assert _ids(table, pa.array([i % 4 == 0 for i in range(12)])) == ("c0", "c4", "c8")
