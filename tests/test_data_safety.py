@@ -502,10 +502,14 @@ def test_a_file_system_error_is_blamed_on_a_flag_only_for_its_own_path_its_conte
     args = argparse.Namespace(out=out, verb="run")
     what, fix = "permission denied", "choose a path you may use, or fix its permissions"
     inside, parent, sibling = out / "shards" / "w0.jsonl", tmp_path, tmp_path / "out2" / "plan.json"
-    assert fs_error(OSError(errno.EACCES, "Permission denied", str(inside)), args) == f"--out {out}: {what} (at {inside}); {fix}"
-    assert fs_error(OSError(errno.EACCES, "Permission denied", str(parent)), args) == f"--out {out}: {what} (at {parent}); {fix}"
+
+    def denied(path):
+        return fs_error(OSError(errno.EACCES, "Permission denied", str(path)), args)
+
+    assert denied(inside) == f"--out {out}: {what} (at {inside}); {fix}"
+    assert denied(parent) == f"--out {out}: {what} (at {parent}); {fix}"
     # a sibling whose name begins with the flag's is another path: it is named itself, not blamed on --out
-    assert fs_error(OSError(errno.EACCES, "Permission denied", str(sibling)), args) == f"{sibling}: {what}; {fix}"
+    assert denied(sibling) == f"{sibling}: {what}; {fix}"
 
 
 def test_a_working_directory_that_is_gone_is_no_entry_of_the_path(tmp_path, monkeypatch):
