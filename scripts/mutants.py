@@ -24,6 +24,10 @@ With --map JSON (scripts/covermap.py) each runs the tests that execute its lines
 whole files of those tests and the files importing its module: a test reads a line through a session-scoped
 planner or a cache that an earlier test filled, charged to that test alone (all of them run in CI).
 
+With --results FILE each verdict is appended to FILE (one JSON line: name, path, old, new, verdict, seconds,
+detail) as it comes, and a mutant FILE already holds with the same path, old and new is not run again; its
+recorded verdict counts in the score. A stopped round resumes where it was; an edited mutant runs anew.
+
 Before the mutants, a baseline runs every mutant's tests on an unmodified copy: a test that already
 fails would "catch" anything, so a failing baseline stops the script (``--no-baseline`` skips it).
 Always exits 0 unless the script itself cannot run (a snippet not found exactly once, a failing baseline).
@@ -1046,7 +1050,29 @@ def _pytest(
         return "passed", seconds, ""
     if done.returncode in (1, 2):  # tests failed, or collection broke on the planted code
         return "failed", seconds, first
+    # node IDs in a file that no longer imports: pytest reports the file's collection error, then a usage error
+    if done.returncode == 4 and any(line.startswith("ERROR tests/") for line in lines):
+        return "failed", seconds, first
     return "error", seconds, "\n".join(lines[-15:])
+
+
+def recorded(results: Path | None) -> dict[str, dict]:
+    """The verdicts --results FILE holds, by mutant name (the last line of a name wins)."""
+    if results is None or not results.exists():
+        return {}
+    found = {}
+    for number, line in enumerate(results.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                raise SystemExit(f"{results}:{number}: not a JSON line; remove it or the file") from None
+            found[entry["name"]] = entry
+    return found
+
+
+def _is_recorded(entry: dict | None, mutant: Mutant) -> bool:
+    return entry is not None and (entry["path"], entry["old"], entry["new"]) == (mutant.path, mutant.old, mutant.new)
 
 
 def _baseline(python: str, mutants: list[Mutant], timeout: float) -> None:
@@ -1073,6 +1099,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     parser.add_argument("--skip", action="append", metavar="NAME", default=[], help="leave this mutant out")
+    parser.add_argument(
+        "--results", type=Path, metavar="FILE", help="append each verdict here; skip mutants it already holds"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print the tail of each pytest output")
     args = parser.parse_args(argv)
 
@@ -1109,14 +1138,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(chosen)} snippets found exactly once")
         return 0
 
+    done = recorded(args.results)
+    kept = [done[mutant.name] for mutant in chosen if _is_recorded(done.get(mutant.name), mutant)]
+    chosen_all = len(chosen)
+    chosen = [mutant for mutant in chosen if not _is_recorded(done.get(mutant.name), mutant)]
     python = _python()
     with tempfile.TemporaryDirectory(prefix="opcollect-mutant-import-") as tmp:
         _copy_project(Path(tmp))
         _check_import(python, Path(tmp))
     if not args.no_baseline and not args.map:  # a map's own suite run is its baseline
         _baseline(python, chosen, args.timeout)
-    caught = 0
-    missed: list[str] = []
+    caught = sum(entry["verdict"] == "caught" for entry in kept)
+    missed = [entry["name"] for entry in kept if entry["verdict"] != "caught"]
+    for entry in kept:
+        print(f"{entry['verdict']:9} {entry['name']:45} (recorded in {args.results})", flush=True)
     started = time.monotonic()
 
     def attempt(mutant: Mutant) -> tuple[str, float, str]:
@@ -1148,7 +1183,12 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = {"passed": "MISSED", "timeout": "TIMEOUT", "unreached": "UNREACHED"}.get(outcome, "ERROR")
             shown = detail.splitlines()[0][:110] if detail and outcome != "error" else detail
             print(f"{verdict:9} {mutant.name:45} {seconds:6.1f} s {len(mutant.tests):5} tests  {shown}", flush=True)
-    planted = len(chosen)
+            if args.results is not None:
+                line = {"name": mutant.name, "path": mutant.path, "old": mutant.old, "new": mutant.new}
+                line.update(verdict=verdict, seconds=round(seconds, 1), detail=shown)
+                with args.results.open("a") as out:
+                    out.write(json.dumps(line) + "\n")
+    planted = chosen_all
     print(f"missed: {', '.join(missed)}" if missed else "missed: none")
     print(f"({time.monotonic() - started:.0f} s)")
     print(f"caught {caught} / planted {planted} ({100.0 * caught / planted:.0f}%)")

@@ -7,9 +7,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 CLI_TEST = "tests/test_bad_inputs.py::test_bad_input_is_one_line_and_exit_2[backend-unknown]"
@@ -127,3 +129,38 @@ def test_a_module_that_runs_only_as_a_copy_is_tried_on_the_tests_reaching_the_li
     [mutant] = mutants.blind_mutants(tmp_path / "blind.json", tmp_path / "map.json")
     assert mutant.tests == ("tests/test_release.py::builds",)
     assert mutants.copied_module_tests(covermap, "flags.py") == ()  # a module nothing copies
+
+
+def test_a_round_with_results_appends_each_verdict_and_resumes_without_rerunning_a_recorded_mutant(tmp_path, capsys):
+    """--results FILE: a mutant the file holds with the same snippet and replacement is not run again and its
+    verdict counts; one recorded with another replacement (edited since) runs anew and its verdict is appended."""
+    mutants = _script("mutants")
+    text = (ROOT / "src" / "opcollect" / "tables" / "noise.py").read_text().splitlines()
+    body = next(i for i, line in enumerate(text, 1) if line.startswith("    ") and line.strip())
+    line = text[body - 1]
+    test = "tests/test_compare_noise.py::test_overlapping_intervals_are_never_a_change"
+    (tmp_path / "map.json").write_text(json.dumps({"tests": [test], "files": {"tables/noise.py": {str(body): [0]}}}))
+    recorded = {"name": "kept", "path": "tables/noise.py", "old": line, "new": line + "  # kept"}
+    edited = {"name": "edited", "path": "tables/noise.py", "old": line, "new": line + " +"}  # a syntax error
+    (tmp_path / "blind.json").write_text(json.dumps([recorded, edited]))
+    results = tmp_path / "results.jsonl"
+    stale = {**edited, "new": line + "  # before the edit"}
+    results.write_text("".join(json.dumps({**e, "verdict": "MISSED"}) + "\n" for e in (recorded, stale)))
+    argv = ["--blind", str(tmp_path / "blind.json"), "--map", str(tmp_path / "map.json"), "--results", str(results)]
+
+    assert mutants.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^MISSED +kept +\(recorded in {re.escape(str(results))}\)$", out, re.M)  # not run
+    assert "caught    edited" in out and "caught 1 / planted 2 (50%)" in out, out
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(lines) == 3 and lines[2]["name"] == "edited" and lines[2]["verdict"] == "caught"
+    assert mutants.recorded(results)["edited"]["new"] == edited["new"]
+
+    assert mutants.main(argv) == 0  # nothing left to run: the score is the file's
+    out = capsys.readouterr().out
+    assert "caught    edited" in out and "(recorded in" in out and "caught 1 / planted 2 (50%)" in out
+    assert len(results.read_text().splitlines()) == 3
+
+    results.write_text("not json\n")
+    with pytest.raises(SystemExit, match=r"results.jsonl:1: not a JSON line"):
+        mutants.main(argv)
