@@ -22,7 +22,8 @@ A blind file lists mutants ({"name", "path", "old", "new"}) written by someone w
 runs against the test files that import its module (covering_tests), so nobody picks the tests that catch it.
 With --map JSON (scripts/covermap.py) each runs the tests that execute its lines, and where those pass, the
 whole files of those tests and the files importing its module: a test reads a line through a session-scoped
-planner or a cache that an earlier test filled, charged to that test alone (all of them run in CI).
+planner or a cache that an earlier test filled, charged to that test alone (all of them run in CI). Mapped
+mutants run cheapest first, by the summed map durations of their tests.
 
 With --results FILE each verdict is appended to FILE (one JSON line: name, path, old, new, verdict, seconds,
 detail) as it comes, and a mutant FILE already holds with the same path, old and new is not run again; its
@@ -177,7 +178,9 @@ def blind_mutants(path: Path, covermap: Path | None = None) -> list[Mutant]:
         passed = [f"--deselect={node}" for node in tests]
         wider = (*files, *failed, *passed) if files else ()
         mutants.append(Mutant(e["name"], e["path"], e["old"], e["new"], tests, wider))
-    return mutants
+    # cheapest first by the map's durations: a round stopped early has measured the most mutants
+    took = found.get("seconds", {})
+    return sorted(mutants, key=lambda mutant: sum(took.get(test, 0.0) for test in mutant.tests))
 
 
 MUTANTS: list[Mutant] = [

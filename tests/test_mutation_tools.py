@@ -111,6 +111,25 @@ def test_a_mapped_mutant_that_passes_runs_its_tests_files_and_its_modules_import
     assert unmapped.wider == () and unmapped.tests == own
 
 
+def test_mapped_mutants_run_cheapest_first_by_the_maps_durations(tmp_path):
+    mutants = _script("mutants")
+    text = (ROOT / "src" / "opcollect" / "tables" / "noise.py").read_text().splitlines()
+    body = [i for i, line in enumerate(text, 1) if line.startswith("    ") and line.strip()][:3]
+    covermap = {
+        "tests": ["tests/test_merge.py::slow", "tests/test_merge.py::fast", "tests/test_compare.py::b"],
+        "files": {"tables/noise.py": {str(body[0]): [0, 2], str(body[1]): [1], str(body[2]): [2]}},
+        "seconds": {"tests/test_merge.py::slow": 9.0, "tests/test_merge.py::fast": 0.5, "tests/test_compare.py::b": 1},
+    }
+    (tmp_path / "map.json").write_text(json.dumps(covermap))
+    entries = [
+        {"name": str(i), "path": "tables/noise.py", "old": text[b - 1], "new": text[b - 1] + "  # x"}
+        for i, b in enumerate(body)
+    ]
+    (tmp_path / "blind.json").write_text(json.dumps(entries))
+    found = mutants.blind_mutants(tmp_path / "blind.json", tmp_path / "map.json")
+    assert [mutant.name for mutant in found] == ["1", "2", "0"]  # 0.5 s, 1 s, 10 s
+
+
 def test_a_module_that_runs_only_as_a_copy_is_tried_on_the_tests_reaching_the_line_that_copies_it(tmp_path):
     """release/data_api.py runs as the data wheel's __init__, outside the measured tree: the map holds none of its
     lines, so its mutants run the tests that reach the line of release/package.py naming it."""
