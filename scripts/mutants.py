@@ -101,7 +101,7 @@ def covering_tests(path: str) -> tuple[str, ...]:
     """The test files that import the module at ``path`` (under src/opcollect), by its dotted name or as
     ``from opcollect.<package> import <module>``: the tests a module's author would run. For a module no test
     imports, the test files named for it (test_*<module>*.py), else those importing a module that imports it."""
-    dotted = "opcollect." + path.removesuffix(".py").replace("/", ".")
+    dotted = "opcollect." + path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     tests = sorted((ROOT / "tests").glob("test_*.py"))
     found = _importers(dotted, tests) or [t for t in tests if dotted.rpartition(".")[2] in t.stem]
     if not found:

@@ -853,6 +853,18 @@ ROWS = [
         ("collect", "torch", "--local", "--device", "cpu", "--resume", "{tmp}"),
         "--resume RUN_DIR resubmits a Slurm collection: add --slurm",
     ),
+    Row(  # the reproducible-builds convention: a set but malformed value is an error, an empty one included
+        "release-source-date-epoch-empty",
+        ("release", "--tables", "{tables}", "--out", "{tmp}/dist"),
+        "SOURCE_DATE_EPOCH='': not a count of seconds since 1970; unset it or give one",
+        env={"SOURCE_DATE_EPOCH": ""},
+    ),
+    Row(
+        "release-source-date-epoch-negative",
+        ("release", "--tables", "{tables}", "--out", "{tmp}/dist"),
+        "SOURCE_DATE_EPOCH='-5': not a count of seconds since 1970",
+        env={"SOURCE_DATE_EPOCH": "-5"},
+    ),
     Row(
         "release-of-no-tables",
         ("release", "--tables", "{tmp}/none", "--out", "{tmp}/dist"),

@@ -111,6 +111,15 @@ def test_a_mapped_mutant_that_passes_runs_its_tests_files_and_its_modules_import
     assert unmapped.wider == () and unmapped.tests == own
 
 
+def test_a_packages_init_is_covered_by_the_test_files_importing_the_package():
+    """A test file's imports run at collection, outside every test's coverage context: the map charges a package's
+    __init__ lines to the few tests that import it in a child process, so its own importers must be found by name."""
+    mutants = _script("mutants")
+    own = mutants.covering_tests("backends/sglang/__init__.py")
+    assert "tests/test_sglang_dsv4.py" in own and "tests/test_sglang_dsa.py" in own
+    assert "tests/test_merge.py" not in own
+
+
 def test_mapped_mutants_run_cheapest_first_by_the_maps_durations(tmp_path):
     mutants = _script("mutants")
     text = (ROOT / "src" / "opcollect" / "tables" / "noise.py").read_text().splitlines()

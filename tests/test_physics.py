@@ -448,3 +448,20 @@ def test_the_host_probe_counts_a_copy_as_a_read_and_a_write(monkeypatch):
     assert figures["cache_bytes"] == 48 * 2**20
     assert figures["dense_tflops"] == {name: 2.0 * n**3 / 0.5 / 1e12 for name, n in hostprobe.MATMUL_SIZE.items()}
     assert hostprobe.host_figures("cuda:0") is None
+
+
+def test_the_host_cache_is_the_largest_cache_linux_lists_for_cpu0(tmp_path):
+    """The copy buffer and R8's warm-cache allowance size by the last-level cache, not L1: sizes in K, M, G or
+    bytes, an unreadable or malformed entry skipped, None when none is listed."""
+    from opcollect.runtime.hostprobe import cache_bytes
+
+    for index, size in enumerate(["32K", "48K", "2048K", "32M", "oops", "512"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    (tmp_path / "index9").mkdir()
+    (tmp_path / "index9" / "size").mkdir()  # not a readable file
+    assert cache_bytes(tmp_path) == 32 * 2**20
+    (tmp_path / "index6").mkdir()
+    (tmp_path / "index6" / "size").write_text("1G\n")
+    assert cache_bytes(tmp_path) == 2**30
+    assert cache_bytes(tmp_path / "absent") is None

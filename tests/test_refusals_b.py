@@ -89,6 +89,26 @@ def test_an_archive_member_climbing_out_of_its_package_is_refused():
             list(_members(archive, "vllm"))
 
 
+def test_only_the_regular_py_files_under_the_packages_own_directory_are_copied_out_of_an_image():
+    """docker's archive of a package's directory can hold more than the package (a sibling named alike, links):
+    the contract reads the package's own sources and nothing else."""
+    from opcollect.images.sources import _members
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as archive:
+        for name in ("vllm/a.py", "vllm/sub/b.py", "other/c.py", "vllm/d.txt", "vllmx/e.py", "f.py"):
+            member = tarfile.TarInfo(name)
+            member.size = 1
+            archive.addfile(member, io.BytesIO(b"x"))
+        for name, kind in (("vllm/pkg.py", tarfile.DIRTYPE), ("vllm/link.py", tarfile.SYMTYPE)):
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname = kind, "a.py" if kind == tarfile.SYMTYPE else ""
+            archive.addfile(member)
+    data.seek(0)
+    with tarfile.open(fileobj=data) as archive:
+        assert [member.name for member in _members(archive, "vllm")] == ["vllm/a.py", "vllm/sub/b.py"]
+
+
 def test_a_selection_table_that_is_not_a_mapping_is_refused(tmp_path, monkeypatch):
     from opcollect.plans import selection
 

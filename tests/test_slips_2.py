@@ -183,6 +183,30 @@ def test_a_wheel_of_an_epoch_before_1980_is_stamped_1980(tmp_path):
         assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 
+def test_a_wheels_record_lists_every_entry_with_its_unpadded_urlsafe_sha256_and_size(tmp_path):
+    """The wheel spec (PEP 427, after PEP 376) hashes RECORD entries as urlsafe base64 with the '=' padding removed;
+    installers that check RECORD compare the strings."""
+    import base64
+    import hashlib
+    import zipfile
+
+    from opcollect.release.archives import write_wheel
+
+    wheel = tmp_path / "t-1.0-py3-none-any.whl"
+    files = {"t/a.txt": b"a", "t/__init__.py": b"x = 1\n", "t-1.0.dist-info/METADATA": b"Name: t\n"}
+    write_wheel(wheel, files, "t-1.0.dist-info/RECORD", epoch=1700000000)
+    with zipfile.ZipFile(wheel) as archive:
+        record = archive.read("t-1.0.dist-info/RECORD").decode().splitlines()
+        stored = {name: archive.read(name) for name in archive.namelist()}
+    rows = dict((name, (digest, size)) for name, digest, size in (line.split(",") for line in record))
+    assert rows.pop("t-1.0.dist-info/RECORD") == ("", "")
+    assert set(rows) == set(files) == set(stored) - {"t-1.0.dist-info/RECORD"}
+    for name, (digest, size) in rows.items():
+        encoded = base64.urlsafe_b64encode(hashlib.sha256(stored[name]).digest()).decode()
+        assert digest == "sha256=" + encoded.rstrip("=") and "=" not in digest.removeprefix("sha256=")
+        assert int(size) == len(stored[name]) == len(files[name])
+
+
 def test_an_sdist_holds_each_directory_of_its_files_once_and_no_other(tmp_path):
     import tarfile
 

@@ -206,6 +206,25 @@ def test_sinkhorn_makes_the_combination_doubly_stochastic():
     assert errors[0] > errors[1] > errors[2] and errors[1] < 0.05 and errors[2] < 1e-3
 
 
+def test_sinkhorn_iters_counts_the_column_normalisation_then_iters_minus_one_row_and_column_rounds():
+    """As vLLM's mhc_pre_torch and SGLang's hc_split_sinkhorn: softmax + eps, one column normalisation, then
+    sinkhorn_repeat - 1 rounds of row then column; one round more is another matrix."""
+    logits = _rand(5, 4, 4, seed=18) * 3
+
+    def rows(comb):
+        return comb / (comb.sum(dim=-1, keepdim=True) + mhc.EPS)
+
+    def columns(comb):
+        return comb / (comb.sum(dim=-2, keepdim=True) + mhc.EPS)
+
+    first = mhc.sinkhorn(logits, iters=1)
+    assert torch.allclose(first, columns(torch.softmax(logits, dim=-1) + mhc.EPS), rtol=0, atol=1e-7)
+    for iters in (1, 2, 19):  # each iteration more is one row-then-column round more
+        after = mhc.sinkhorn(logits, iters=iters + 1)
+        assert torch.allclose(after, columns(rows(mhc.sinkhorn(logits, iters=iters))), rtol=0, atol=1e-7), iters
+    assert not torch.allclose(first, mhc.sinkhorn(logits, iters=2), atol=1e-4)
+
+
 def test_mhc_pre_and_post_are_the_per_token_sums():
     tokens, hc, hidden = 3, 4, 8
     residual = _rand(tokens, hc, hidden, seed=15).to(torch.bfloat16)

@@ -56,3 +56,27 @@ def test_a_marker_behind_the_pin_is_found_with_its_file_and_line(tmp_path):
     ]
     assert late[0].render() == "src/opcollect/plans/skips.py:1: vllm==0.24.0: a reason."
     assert late[1].text == "rows err high."
+
+
+def test_a_skips_marker_names_the_entry_below_it_across_further_comment_lines(tmp_path):
+    """The re-check list names a skips.py marker by its entry: the next `skip("name"` (or a name on the line after
+    `skip(`) within five lines, past any more comment lines; a marker with no entry there names its own line."""
+    tree = tmp_path / "tree"
+    (tree / "src/opcollect/plans").mkdir(parents=True)
+    (tree / "src/opcollect/backends").mkdir(parents=True)
+    (tree / "src/opcollect/plans/skips.py").write_text(
+        "# a reason. verified_on: vllm==0.24.0\n"
+        "# the reason goes on\n"
+        "#   and on\n"
+        'skip("after-comments", backend=("vllm",)),\n'
+        "# split. verified_on: sglang==0.5.14\n"
+        "skip(\n"
+        '    "split-name",\n'
+        ")\n"
+        "# stray. verified_on: trtllm==1.3.0rc23\n"
+        "X = 1\n"
+    )
+    found = find_markers(tree)
+    assert [m.text for m in found] == ["skip entry after-comments", "skip entry split-name", "stray."]
+    real = [m for m in find_markers(ROOT) if m.path.endswith("skips.py")]
+    assert real and all(m.text.startswith("skip entry ") for m in real), [m.render() for m in real]

@@ -23,10 +23,13 @@ COPY_FLOOR_BYTES = 64 * 2**20  # the copy buffer: at least this, and twice the l
 COPY_CEILING_BYTES = 256 * 2**20
 
 
-def cache_bytes() -> int | None:
-    """The largest CPU cache of cpu0 as Linux reports it (/sys/devices/system/cpu/cpu0/cache), or None."""
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")  # where Linux lists cpu0's caches, one index* each
+
+
+def cache_bytes(caches: Path = CACHE_DIR) -> int | None:
+    """The largest CPU cache of cpu0 as Linux reports it (``caches``/index*/size, e.g. "32K"), or None."""
     sizes = []
-    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+    for entry in caches.glob("index*/size"):
         try:
             text = entry.read_text().strip()
         except OSError:
