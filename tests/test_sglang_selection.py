@@ -140,6 +140,26 @@ def test_sm90_moe_runner_is_unchanged():
     assert _dispatch("90", _case("w4a16_mxfp4", 3584, 3072, 16, 896)) == "sglang_marlin_moe_situ_as_silu"
 
 
+def test_every_expert_parallel_size_above_one_reads_the_files_ep8_answer():
+    """The file asks ServerArgs at EP 1 and EP 8: its MoE branches test ep_size == 1 against more than one
+    (server_args.py:3914-3934), so EP 2, 4, 16 or 64 takes EP 8's answer, not the hand rules' fallback."""
+    from opcollect.plans import selection_sglang as sel
+
+    file = sel.table(sel.FILE)
+    asked = 0
+    for sm, entries in file.items():
+        for shape, arch in sel.MOE_ARCHITECTURE.items():
+            for key in entries:
+                prefix = f"moe/{arch}/"
+                if not (key.startswith(prefix) and key.endswith("/ep8")):
+                    continue
+                dtype = key.removeprefix(prefix).removesuffix("/ep8")
+                want = sel.moe_runner_backend(sm, shape, dtype, 8)
+                assert [sel.moe_runner_backend(sm, shape, dtype, ep) for ep in (2, 4, 16, 64)] == [want] * 4
+                asked += want is not None
+    assert asked > 20
+
+
 def test_sm_outside_the_file_keeps_the_hand_rules():
     assert _dispatch("120", _case("w4a16_mxfp4", 2880, 2880, 4, 128)) == "sglang_marlin_moe"
     assert _dispatch("120", _case("bfloat16", 6144, 2560, 8, 160)) == "sglang_fused_moe_triton"
