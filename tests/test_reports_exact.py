@@ -187,6 +187,31 @@ def test_status_of_a_run_root_on_disk_counts_each_shards_own_records(tmp_path, m
     ]
 
 
+def test_status_takes_each_cases_latest_attempt_and_of_equal_attempts_the_later_record(tmp_path):
+    """As the run's own resume reads a shard (rundir.recorded): the highest attempt speaks, and of two records of
+    one attempt (a worker killed after writing, its case run again under the same attempt) the later one."""
+    from opcollect.cluster.status import _latest_status
+    from opcollect.runtime.rundir import recorded
+
+    shard = tmp_path / "shard-0"
+    (shard / "shards").mkdir(parents=True)
+    lines = [
+        ("c1", 1, "failed"),
+        ("c1", 1, "ok"),  # the same attempt, later: it stands
+        ("c2", 2, "ok"),
+        ("c2", 1, "failed"),  # an older attempt written after: it does not
+        ("c3", 1, "ok"),
+        ("c3", 1, "timeout"),
+        ("elsewhere", 1, "ok"),  # not this shard's plan
+    ]
+    with open(shard / "shards" / "w0.jsonl", "w") as out:
+        for case_id, attempt, status in lines:
+            out.write(json.dumps({"case_id": case_id, "status": status, "attempt": attempt}) + "\n")
+    found = _latest_status(shard, {"c1", "c2", "c3", "never"})
+    assert found == {"c1": "ok", "c2": "ok", "c3": "timeout"}
+    assert found == {cid: r["status"] for cid, r in recorded(shard).latest.items() if cid in found}
+
+
 def test_the_end_of_run_summary_counts_rows_failures_by_class_and_missing_cases(tmp_path):
     """Six planned cases: m=2 failed oom, m=3 and m=5 failed timeout, m=4 never recorded: 2 rows, failures
     oom 1, timeout 2 (sorted by class), 1 of 6 missing; fake_run's rows ran their plan's dispatch (cutlass)."""

@@ -74,6 +74,28 @@ def test_moe_dispatch_is_the_oracles_answer(monkeypatch):
     assert _vllm_moe("89", _moe("bfloat16")) == "vllm_unquantizedfusedmoe_triton_tritonexperts"
 
 
+def test_a_refused_selection_is_no_label(monkeypatch):
+    """scripts/selection_tables.py records a selector's refusal as "unsupported: <its message>": that is no kernel
+    label, so the answer is None and the plan keeps its hand-written rule, never dispatching to the message."""
+    refused = "unsupported: no attention backend supports head size 512"
+    fake = {
+        "100": {
+            "moe": {"fp8": {"tp": refused, "ep": refused}, "nvfp4": {"tp": "vllm_tp", "ep": refused}},
+            "attention": {"bfloat16": {512: refused, 128: "FLASH_ATTN"}},
+            "mla": {"fp8": refused, "bfloat16": "FLASHMLA"},
+        }
+    }
+    monkeypatch.setattr(selection, "table", lambda name=selection.VLLM: fake)
+    assert selection.vllm_moe("100", "fp8") is None and selection.vllm_moe("100", "fp8", True) is None
+    assert selection.vllm_moe("100", "nvfp4", False) == "vllm_tp" and selection.vllm_moe("100", "nvfp4", True) is None
+    assert selection.vllm_attention("100", "bfloat16", 512) is None
+    assert selection.vllm_attention("100", "bfloat16", 128) == "FLASH_ATTN"
+    assert selection.vllm_mla("100", "fp8") is None and selection.vllm_mla("100", "bfloat16") == "FLASHMLA"
+    refused_dispatch = _vllm_moe("100", _moe("fp8"))
+    monkeypatch.setattr(selection, "table", lambda name=selection.VLLM: {})
+    assert refused_dispatch == _vllm_moe("100", _moe("fp8"))  # the hand rule, as with no file at all
+
+
 def test_sm100_moe_follows_the_oracle_where_the_fitted_rule_did_not():
     # group-128 int4 experts with SiLU: FlashInfer's TRT-LLM MxInt4 takes group 32 and SwiGLU-OAI only
     # (fused_moe/experts/trtllm_mxint4_moe.py:63-72), so the oracle falls to Marlin (oracle/int_wna16.py:79-93)
