@@ -1256,6 +1256,20 @@ ROWS = [
         lambda c: os.mkfifo(c.tmp / "slurm.json"),
         timeout=30,
     ),
+    Row(  # JSON's true is Python's 1: a count must be a number, not a flag
+        "status-slurm-json-shards-a-bool",
+        ("status", "{tmp}"),
+        "{tmp}/slurm.json: field 'shards': True is not a whole number from 1 to",
+        write("{tmp}/slurm.json", '{"shards": true, "submissions": []}'),
+    ),
+    Row(
+        "status-slurm-json-task-a-bool",
+        ("status", "{tmp}"),
+        "field 'submissions[0].tasks': False is not a whole number from 0 to 1",
+        write(
+            "{tmp}/slurm.json", '{"shards": 2, "submissions": [{"array_job": "1", "merge_job": "2", "tasks": [false]}]}'
+        ),
+    ),
     Row(
         "status-slurm-json-bad-job-id",
         ("status", "{tmp}"),
