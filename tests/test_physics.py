@@ -156,6 +156,15 @@ def test_comm_bounds_as_nccl_tests_counts_them():
     assert us(bound(across, ROUND).seconds) == pytest.approx(19.6608)
     slow_network = Figures(**{**ROUND.__dict__, "network": 1e9})
     assert us(bound(across, slow_network).seconds) == pytest.approx(131.072)
+    # without NVLink the NICs are shared by the node's 8 GPUs, not by one: across two PCIe nodes on the slow network,
+    # 131,072 B per NIC / 1e9 = 131.07 us (above PCIe's 1,966,080 / 5e10 = 39.32 us)
+    pcie_nodes = Figures(**{**ROUND.__dict__, "nvlink": None, "nvlink_gpus": 1, "network": 1e9})
+    assert us(bound(across, pcie_nodes).seconds) == pytest.approx(131.072)
+    # an NVLink domain wider than a node (72 GPUs over trays of 4): 144 GPUs send (144 - 72)/143 of their bytes out
+    # of the domain, over its 72 GPUs' NICs
+    rack = Figures(**{**ROUND.__dict__, "nvlink_gpus": 72, "gpus_per_node": 4, "network": 1e8})
+    wide = comm.work(comm.CommCase("half", "all_gather", 144, 2**20))
+    assert bound(wide, rack).seconds == pytest.approx(wide.link_bytes * 72 / 143 / 72 / 1e8)
     # without NVLink, a node's GPUs share PCIe: 2,097,152 / 5e10 = 41.94 us
     pcie = Figures(**{**ROUND.__dict__, "nvlink": None, "nvlink_gpus": 1})
     assert us(bound(reduce, pcie).seconds) == pytest.approx(41.94304)
