@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import platform
 import subprocess
 import tarfile
 
@@ -208,3 +209,15 @@ def test_yaml_nested_past_the_pure_python_loader_is_one_line(tmp_path, monkeypat
     path.write_text("[" * 5000 + "]" * 5000)
     with pytest.raises(InputError, match="deep.yaml: YAML nested too deeply; flatten it"):
         yamlio.read_yaml(path, "case file", "flatten it")
+
+
+def test_the_cpu_model_in_a_workers_identity_is_the_bare_name(tmp_path):
+    """It is a provenance value: "model name\t: <name>\n" gives the name without the spaces around it."""
+    from opcollect.runtime.devices import _cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t:  Intel(R) Xeon(R) CPU @ 2.20GHz \n")
+    assert _cpu_model(str(info)) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
+    info.write_text("processor\t: 0\n")  # no model line (some ARM kernels): the platform's word, never empty
+    assert _cpu_model(str(info)) == (platform.processor() or "cpu")
+    assert _cpu_model(str(tmp_path / "absent")) == (platform.processor() or "cpu")

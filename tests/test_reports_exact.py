@@ -83,7 +83,7 @@ def _tables(tmp_path):
 
 def test_verify_prints_each_difference_by_kind_and_their_count(tmp_path):
     """One file modified (it is also the perf table the provenance record hashes: a sidecar mismatch), one
-    missing, one planted: four differences, over the files the manifest lists."""
+    missing, two planted: five differences, over the files the manifest lists."""
     tables = _tables(tmp_path)
     listed = len(json.loads((tables / "manifest.json").read_text())["files"])
     clean = run_cli("verify", str(tables))
@@ -94,14 +94,16 @@ def test_verify_prints_each_difference_by_kind_and_their_count(tmp_path):
     perf.write_bytes(bytes(data))
     (tables / DIR / ".opcollect/gemm_failures.parquet").unlink()
     (tables / DIR / "notes.txt").write_text("hello")
+    (tables / "todo.txt").write_text("more")
     done = run_cli("verify", str(tables))
     assert done.returncode == 1, done.stderr
-    assert done.stdout == (
+    assert done.stdout == (  # checked: the files the manifest lists, not the files on disk (one more here)
         f"modified: {DIR}/gemm_perf.parquet\n"
         f"missing: {DIR}/.opcollect/gemm_failures.parquet\n"
         f"unexpected: {DIR}/notes.txt\n"
+        "unexpected: todo.txt\n"
         f"sidecar mismatch: {DIR}/gemm_perf.parquet\n"
-        f"{listed} files checked: 4 differences\n"
+        f"{listed} files checked: 5 differences\n"
     )
 
 

@@ -54,9 +54,13 @@ def _driver() -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+CPUINFO = "/proc/cpuinfo"
+
+
+def _cpu_model(cpuinfo: str = CPUINFO) -> str:
+    """The CPU's model name as Linux reports it ("model name\t: <name>"), else the platform's word for it."""
     try:
-        with open("/proc/cpuinfo") as handle:
+        with open(cpuinfo) as handle:
             for line in handle:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
