@@ -37,6 +37,7 @@ Always exits 0 unless the script itself cannot run (a snippet not found exactly 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -44,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -1059,6 +1061,12 @@ def _pytest(
     return "error", seconds, "\n".join(lines[-15:])
 
 
+def uses_engine(tests: tuple[str, ...]) -> bool:
+    """Whether any of these test files (or node IDs) is one that speaks of Docker."""
+    files = {t.partition("::")[0] for t in tests if not t.startswith("-")}
+    return any("docker" in (ROOT / f).read_text() for f in files if (ROOT / f).is_file())
+
+
 def recorded(results: Path | None) -> dict[str, dict]:
     """The verdicts --results FILE holds, by mutant name (the last line of a name wins)."""
     if results is None or not results.exists():
@@ -1164,13 +1172,18 @@ def main(argv: list[str] | None = None) -> int:
             copy = Path(tmp)
             _copy_project(copy)
             _apply(copy, mutant)
-            outcome = _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
+            with engine if uses_engine(mutant.tests) else contextlib.nullcontext():
+                outcome = _pytest(python, copy, mutant.tests, args.timeout, args.verbose)
             if outcome[0] == "passed" and mutant.wider:
-                wider = _pytest(python, copy, mutant.wider, args.timeout, args.verbose)
+                with engine if uses_engine(mutant.wider) else contextlib.nullcontext():
+                    wider = _pytest(python, copy, mutant.wider, args.timeout, args.verbose)
                 return wider[0], outcome[1] + wider[1], f"(wider) {wider[2]}" if wider[2] else "(wider)"
             return outcome
 
-    # each mutant runs in its own copy, so --jobs of them can run at once (each pytest is one process)
+    # each mutant runs in its own copy, so --jobs of them can run at once (each pytest is one process); those whose
+    # tests talk to the one Docker engine take turns: one's image prune would remove the other's images
+    engine = threading.Lock()
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(attempt, mutant): mutant for mutant in chosen}
         for future in as_completed(futures):

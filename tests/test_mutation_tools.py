@@ -192,3 +192,11 @@ def test_a_round_with_results_appends_each_verdict_and_resumes_without_rerunning
     results.write_text("not json\n")
     with pytest.raises(SystemExit, match=r"results.jsonl:1: not a JSON line"):
         mutants.main(argv)
+
+
+def test_mutants_whose_tests_use_the_docker_engine_are_told_apart():
+    """Two such mutants at once raced on the one engine (one's image prune removed the other's images)."""
+    mutants = _script("mutants")
+    assert mutants.uses_engine(("tests/test_images.py::test_prune_keeps_the_current_image_and_removes_the_older_one",))
+    assert mutants.uses_engine(("tests/test_compare_noise.py", "--deselect=x", "tests/test_images.py"))
+    assert not mutants.uses_engine(("tests/test_compare_noise.py", "tests/test_physics.py::t", "--deselect=x"))
