@@ -1151,8 +1151,8 @@ def main(argv: list[str] | None = None) -> int:
 
     done = recorded(args.results)
     kept = [done[mutant.name] for mutant in chosen if _is_recorded(done.get(mutant.name), mutant)]
-    chosen_all = len(chosen)
-    chosen = [mutant for mutant in chosen if not _is_recorded(done.get(mutant.name), mutant)]
+    measured = {entry["name"] for entry in kept}
+    chosen = [mutant for mutant in chosen if mutant.name not in measured]
     python = _python()
     with tempfile.TemporaryDirectory(prefix="opcollect-mutant-import-") as tmp:
         _copy_project(Path(tmp))
@@ -1204,7 +1204,7 @@ def main(argv: list[str] | None = None) -> int:
                 line.update(verdict=verdict, seconds=round(seconds, 1), detail=shown)
                 with args.results.open("a") as out:
                     out.write(json.dumps(line) + "\n")
-    planted = chosen_all
+    planted = len(kept) + len(chosen)
     print(f"missed: {', '.join(missed)}" if missed else "missed: none")
     print(f"({time.monotonic() - started:.0f} s)")
     print(f"caught {caught} / planted {planted} ({100.0 * caught / planted:.0f}%)")
