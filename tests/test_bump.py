@@ -242,6 +242,17 @@ def test_a_recollection_adds_the_rows_that_moved_to_the_re_check_list(repo, tmp_
     assert "no vllm 0.24.0 table with a 0.25.0 counterpart" in empty.stderr and report.read_text() == text
     both = run_cli("bump", "vllm", "--version", "0.25.0", "--moved", str(tables), "--image", image, "--root", str(repo))
     assert both.returncode == 2 and "no --image" in both.stderr
+    # the versions in two trees, OLD_TABLES NEW_TABLES, give the same rows
+    apart_old, apart_new = tmp_path / "tables-old", tmp_path / "tables-new"
+    merge([fake_run(tmp_path / "old-apart", cases, version="0.24.0")], apart_old, find_project(), say=say)
+    merge([new], apart_new, find_project(), say=say)
+    apart = run_cli(
+        "bump", "vllm", "--version", "0.25.0", "--moved", str(apart_old), str(apart_new), "--root", str(repo)
+    )
+    assert apart.returncode == 0, apart.stdout + apart.stderr
+    moved = report.read_text().split("### Rows that moved (0.24.0 -> 0.25.0)\n", 1)[1]
+    assert f"{apart_old} against {apart_new}: 1 table" in moved
+    assert moved.split(": 1 table", 1)[1] == section.split(": 1 table", 1)[1]
 
 
 def _wheel(path, files: dict[str, str]):

@@ -239,3 +239,19 @@ def test_a_terminal_gets_a_rich_table_and_an_uncosted_plan_says_so(planner):
     [row] = [line.strip("│").split("│") for line in lines if line.startswith("│")]
     assert [c.strip() for c in row] == cells
     assert lines[-1] == footer
+
+
+def test_table_of_several_pairs_writes_each_pair_into_its_own_directory(tmp_path):
+    """With more than one backend/SM pair, --table DIR holds DIR/<backend>-sm<sm>/, each the pair's own tables."""
+    from opcollect.names import SMS
+
+    every = tmp_path / "every"
+    done = run_cli("plan", "--backend", "torch", "--sm", "all", "--ops", "gemm", "--table", str(every))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in every.iterdir()) == sorted(f"torch-sm{sm}" for sm in SMS)
+    for sm in ("cpu", "90"):
+        alone = tmp_path / sm
+        assert run_cli("plan", "--backend", "torch", "--sm", sm, "--ops", "gemm", "--table", str(alone)).returncode == 0
+        assert [p.name for p in (every / f"torch-sm{sm}").iterdir()] == ["gemm.csv"]
+        assert (every / f"torch-sm{sm}" / "gemm.csv").read_text() == (alone / "gemm.csv").read_text()
+    assert (every / "torch-smcpu" / "gemm.csv").read_text() != (every / "torch-sm90" / "gemm.csv").read_text()
