@@ -103,6 +103,11 @@ def test_case_filter_keeps_only_matching_prefixes(planner):
     plan = planner.plan("vllm", "90", PlanOptions(ops=("gemm", "moe"), case_filter="gemm:fp8:m=128,"))
     assert len(plan.ops["gemm"].ids) > 0 and not plan.ops["moe"].ids
     assert all(i.startswith("gemm:fp8:m=128,") for i in plan.ops["gemm"].ids)
+    every = planner.plan("vllm", "90", PlanOptions(ops=("gemm",))).ops["gemm"].ids
+    assert plan.ops["gemm"].ids == [i for i in every if i.startswith("gemm:fp8:m=128,")]
+    # a text inside the IDs but at the start of none selects nothing: the filter is a prefix, not a search
+    inside = planner.plan("vllm", "90", PlanOptions(ops=("gemm", "moe"), case_filter="fp8:m=128,"))
+    assert not inside.ops["gemm"].ids and not inside.ops["moe"].ids
 
 
 def test_case_ids_are_unique_per_op(planner):
