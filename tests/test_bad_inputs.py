@@ -1120,6 +1120,17 @@ ROWS = [
         crafted(set_op_key("rows", [{"row_id": "r", "dispatch": "x", "case_ids": []}])),
     ),
     Row(
+        "run-plan-rows-time-a-case-twice",
+        RUN,
+        "field 'ops.gemm.rows': do not hold every case ID exactly once",
+        crafted(
+            set_op_key(
+                "rows",
+                [{"row_id": r, "dispatch": "x", "case_ids": ["gemm:float32:m=1,n=8,k=8"]} for r in ("r1", "r2")],
+            )
+        ),
+    ),
+    Row(
         "run-plan-rows-a-string",
         RUN,
         "field 'ops.gemm.rows.case_ids': not a list",
