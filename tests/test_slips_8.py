@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_cost import FIGURES, NOISY
 
 from opcollect.cases import linear
 from opcollect.cases.dsv4 import Dsv4Attention
@@ -15,7 +16,7 @@ from opcollect.cases.profiles import HeadShape, Mlp, derive_shapes, parse_config
 from opcollect.cases.quantization import COMPRESSED_TENSORS, static_fp8
 from opcollect.cases.systems import load_systems
 from opcollect.plans.bound import Figures, bound, probed
-from opcollect.plans.cost import Costing, Harness, moe_weights, system_for_sm
+from opcollect.plans.cost import Costing, moe_weights, system_for_sm
 from opcollect.plans.ops import OPS
 from opcollect.plans.planner import plan_of_cases
 from opcollect.plans.work import Work
@@ -23,37 +24,11 @@ from opcollect.project import find_project
 from opcollect.runtime.harness import TimingConfig
 from opcollect.tables.provenance import HostFigures
 
-FIGURES = Figures(
-    system="toy",
-    rates={"bfloat16": 1e12},
-    memory=1e10,
-    cache_bytes=2**20,
-    warm=False,
-    nvlink=None,
-    nvlink_gpus=1,
-    pcie=1e10,
-    network=1e9,
-    gpus_per_node=1,
-)
-HARNESS = Harness(
-    setup_seconds=0.01,
-    fill_bytes_per_s=1e9,
-    floor_seconds=1e-5,
-    sync_seconds=1e-5,
-    sample_gap_seconds=2e-5,
-    jitter_seconds=1e-6,
-    jitter_share=0.05,
-    observe_seconds=0.003,
-    rank_sync_seconds=1e-3,
-    row_start_seconds=5.0,
-    worker_start_seconds=2.0,
-    first_case_seconds=1.0,
-)
 CPU = TimingConfig(max_noise=0.01, min_samples=5, max_case_seconds=0.25, warmup_seconds=0.002)
 
 
 def _costing(kind: str, backend: str = "torch") -> Costing:
-    return Costing(backend, kind, FIGURES, 10**11, CPU, HARNESS)
+    return Costing(backend, kind, FIGURES, 10**11, CPU, NOISY)
 
 
 # ---- plans/cost.py ---------------------------------------------------------------------------------------------
