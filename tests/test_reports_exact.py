@@ -162,8 +162,8 @@ def test_status_describes_each_shard_then_the_counts_by_state(tmp_path):
 
 
 def test_status_of_a_run_root_on_disk_counts_each_shards_own_records(tmp_path, monkeypatch):
-    """A two-shard root; sacct (as Slurm prints it) says task 1 FAILED and nothing of task 0. Shard 0 with every
-    case recorded, one of them failed, is done; shard 1 with none recorded is failed, with Slurm's word."""
+    """A two-shard root; sacct (as Slurm prints it) says task 0 COMPLETING and task 1 FAILED. Shard 0 with every
+    case recorded, one of them failed, is done whatever Slurm still says; shard 1 with none recorded is failed."""
     from opcollect.cluster.record import SlurmRecord, Submission, write_record
     from opcollect.cluster.status import describe, planned_ids, shard_states
     from opcollect.cluster.submit import prepare_root
@@ -172,7 +172,7 @@ def test_status_of_a_run_root_on_disk_counts_each_shards_own_records(tmp_path, m
     root, planned = prepare_root(find_project(), "torch", "cpu", PlanOptions(ops=("gemm",), smoke=True), 2,
                                  tmp_path / "run")  # fmt: skip
     write_record(root, SlurmRecord(2, (Submission("999999990", "999999991", (0, 1)),), None))
-    slurm_says(tmp_path, monkeypatch, "999999990_1|FAILED\n")
+    slurm_says(tmp_path, monkeypatch, "999999990_0|COMPLETING\n999999990_1|FAILED\n")
     zero, one = (sorted(planned_ids(root / f"shard-{i}" / "plan.json")) for i in (0, 1))
     shard = root / "shard-0"
     (shard / "run.json").write_text("{}")
@@ -182,7 +182,7 @@ def test_status_of_a_run_root_on_disk_counts_each_shards_own_records(tmp_path, m
             out.write(json.dumps({"case_id": case_id, "status": "failed" if i == 0 else "ok", "attempt": 1}) + "\n")
     assert planned == len(zero) + len(one)
     assert describe(root, shard_states(root)).splitlines() == [
-        f"shard 0: done, {len(zero)}/{len(zero)} cases (1 failed)",
+        f"shard 0: done (Slurm: COMPLETING), {len(zero)}/{len(zero)} cases (1 failed)",
         f"shard 1: failed (Slurm: FAILED), 0/{len(one)} cases (0 failed)",
         f"{root}: 2 shards: 1 done, 1 failed; {len(zero)}/{planned} planned cases recorded",
         f"resubmit the shards not done: opcollect collect ... --slurm --resume {root}",
