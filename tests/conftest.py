@@ -115,6 +115,13 @@ def made_release(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+def randn(*shape, seed: int = 0):
+    """A standard-normal CPU tensor from its own seeded generator: the same values in every run."""
+    import torch
+
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
 def made_runner(tmp_path: Path, backend: str, text: str, name: str = "gemm.py") -> Path:
     """A backends tree holding one runner module of ``backend`` with ``text``; returns the backends folder."""
     runners = tmp_path / "src" / "opcollect" / "backends" / backend

@@ -11,16 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import randn  # noqa: E402
+
 from opcollect.backends.torch import dsa, dsv4, linear_runners, mhc, msa, reference  # noqa: E402
 from opcollect.backends.torch import linear_attention as la  # noqa: E402
 from opcollect.plans.linear_attention import GdnCase, Mamba2Case  # noqa: E402
 from opcollect.runtime.contract import KernelLimit  # noqa: E402
 from opcollect.runtime.timing import random_tensor  # noqa: E402
-
-
-def _rand(*shape, seed: int = 0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
 
 # ---- reference.py: the chunking every reference shares ---------------------------------------------------------
 
@@ -40,8 +37,8 @@ def _chunked_vs_whole(monkeypatch, run):
 
 def test_dsa_scores_and_sparse_mla_are_the_same_chunk_by_chunk(monkeypatch):
     """dsa.index_scores, dsa.sparse_mla: query rows chunk by chunk give what one chunk gives."""
-    q, weights, keys = _rand(2, 5, 3, 8, seed=1), _rand(2, 5, 3, seed=2), _rand(2, 9, 8, seed=3)
-    qm, cache = _rand(2, 5, 2, 576, seed=4), _rand(2, 9, 576, seed=5)
+    q, weights, keys = randn(2, 5, 3, 8, seed=1), randn(2, 5, 3, seed=2), randn(2, 9, 8, seed=3)
+    qm, cache = randn(2, 5, 2, 576, seed=4), randn(2, 9, 576, seed=5)
     indices = dsa.recent_indices(4, 5, 3, "cpu").expand(2, -1, -1)
     _chunked_vs_whole(
         monkeypatch, lambda: (dsa.index_scores(q, weights, keys), dsa.sparse_mla(qm, cache, indices, 0.1))
@@ -51,9 +48,9 @@ def test_dsa_scores_and_sparse_mla_are_the_same_chunk_by_chunk(monkeypatch):
 def test_msa_block_scores_and_attention_are_the_same_chunk_by_chunk(monkeypatch):
     """msa.block_scores, msa.block_sparse_attention: each chunk's queries keep their own positions (step + s + j)."""
     step, queries, block, b = 6, 5, 4, 2
-    iq, ikeys = _rand(b, queries, 2, 8, seed=6), _rand(b, step + queries, 8, seed=7)
-    q = _rand(b, queries, 4, 16, seed=8)
-    k, v = _rand(b, step + queries, 2, 16, seed=9), _rand(b, step + queries, 2, 16, seed=10)
+    iq, ikeys = randn(b, queries, 2, 8, seed=6), randn(b, step + queries, 8, seed=7)
+    q = randn(b, queries, 4, 16, seed=8)
+    k, v = randn(b, step + queries, 2, 16, seed=9), randn(b, step + queries, 2, 16, seed=10)
     geometry = msa.Geometry(hidden=48, head_dim=16, group=2, index_dim=8, block=block, topk_blocks=2, rotary=8)
 
     def run():
@@ -66,8 +63,8 @@ def test_msa_block_scores_and_attention_are_the_same_chunk_by_chunk(monkeypatch)
 
 def test_dsv4_logits_and_sparse_attention_are_the_same_chunk_by_chunk(monkeypatch):
     """dsv4.indexer_logits, dsv4.sparse_attention: chunk by chunk as in one chunk."""
-    q, weights, keys = _rand(2, 5, 3, 8, seed=11), _rand(2, 5, 3, seed=12), _rand(2, 7, 8, seed=13)
-    qa, kv, sink = _rand(2, 5, 3, 16, seed=14), _rand(2, 10, 16, seed=15), _rand(3, seed=16)
+    q, weights, keys = randn(2, 5, 3, 8, seed=11), randn(2, 5, 3, seed=12), randn(2, 7, 8, seed=13)
+    qa, kv, sink = randn(2, 5, 3, 16, seed=14), randn(2, 10, 16, seed=15), randn(3, seed=16)
     recent = dsv4.recent_length(3, 5, 4)
     indices = torch.cat(
         (dsv4.window_indices(3, 5, 4, "cpu"), dsv4.compressed_indices(3, 5, 10 - recent, 2, recent, "cpu")), -1
@@ -85,7 +82,7 @@ def test_dsa_rope_turns_interleaved_pairs_or_halves_by_each_positions_angle():
     """dsa.rope: GPT-J turns (x[2i], x[2i+1]), NeoX turns (x[i], x[i + D/2]), each by position x theta^(-2i/D)."""
     dim, positions = 8, torch.tensor([0, 2, 5])
     cos, sin = dsa.rope_tables(positions, dim)
-    x = _rand(3, dim, seed=20)
+    x = randn(3, dim, seed=20)
     gptj, neox = dsa.rope(x, cos, sin, True), dsa.rope(x, cos, sin, False)
     for row, p in enumerate(positions.tolist()):
         for i in range(dim // 2):
@@ -131,7 +128,7 @@ def test_glm5_top_last_scores_put_each_rows_top_k_at_its_causal_tail(step, queri
 
 def test_gemma_norm_scales_by_one_plus_the_weight():
     """msa.gemma_norm: x / sqrt(mean x^2 + eps) x (1 + w) over the last dim."""
-    x, w = _rand(3, 2, 6, seed=21), _rand(6, seed=22)
+    x, w = randn(3, 2, 6, seed=21), randn(6, seed=22)
     want = x / torch.sqrt(x.square().mean(-1, keepdim=True) + msa.EPS) * (1 + w)
     torch.testing.assert_close(msa.gemma_norm(x, w), want, rtol=1e-5, atol=1e-6)
 
@@ -145,7 +142,7 @@ def test_partial_rope_turns_the_first_rotary_dims_by_halves_at_theta_5e6():
             angle = p * 5e6 ** (-2 * i / 4)
             assert module.cos[j, i].item() == pytest.approx(math.cos(angle), abs=1e-6)
             assert module.sin[j, i].item() == pytest.approx(math.sin(angle), abs=1e-6)
-    x = _rand(2, 8, seed=23)
+    x = randn(2, 8, seed=23)
     got = msa.partial_rope(x, module.cos, module.sin)
     torch.testing.assert_close(got[:, 4:], x[:, 4:])
     for j in range(2):
@@ -170,10 +167,10 @@ def test_block_topk_forces_the_init_blocks_in():
 def test_mhc_pre_scales_each_part_by_its_own_factor_and_lays_the_combination_out_by_row():
     """mhc.pre: scale[0] pre, scale[1] post, scale[2] combination logits, mixed[2hc + i*hc + j] at comb[i, j]."""
     tokens, hc, hidden = 2, 3, 4
-    residual = _rand(tokens, hc, hidden, seed=30).to(torch.bfloat16)
+    residual = randn(tokens, hc, hidden, seed=30).to(torch.bfloat16)
     fn, base, scale = (
-        _rand(mhc.mixes(hc), hc * hidden, seed=31),
-        _rand(mhc.mixes(hc), seed=32),
+        randn(mhc.mixes(hc), hc * hidden, seed=31),
+        randn(mhc.mixes(hc), seed=32),
         torch.tensor([0.5, 1.5, 2.5]),
     )
     post_mix, comb, layer_input = mhc.pre(residual, fn, scale, base, iters=3)
@@ -204,7 +201,7 @@ def test_mhc_check_case_wants_pre_or_post_with_tokens_and_sites():
 
 def test_l2_normalize_divides_by_the_root_of_the_sum_of_squares_plus_eps():
     """la.l2_normalize: x / sqrt(sum x^2 + eps) over the last dim."""
-    x = _rand(2, 3, 5, seed=40) * 0.01  # small rows: eps shows
+    x = randn(2, 3, 5, seed=40) * 0.01  # small rows: eps shows
     want = x / torch.sqrt(x.square().sum(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(la.l2_normalize(x), want, rtol=1e-5, atol=1e-7)
 

@@ -45,11 +45,6 @@ def merged(tmp_path_factory) -> Path:
     return tables
 
 
-def _copy(tables: Path, where: Path) -> Path:
-    shutil.copytree(tables, where)
-    return where
-
-
 # ---- release/package.py ---------------------------------------------------------------------------------------
 
 
@@ -153,7 +148,7 @@ def test_check_out_refuses_a_file_the_tables_or_a_place_inside_them_only(tmp_pat
 
 def test_refuse_unsound_names_the_first_verify_difference(merged, tmp_path):
     """cut.refuse_unsound: a tree that verifies passes; a modified file is refused naming it."""
-    tables = _copy(merged, tmp_path / "tables")
+    tables = shutil.copytree(merged, tmp_path / "tables")
     release_cut.refuse_unsound(tables)
     perf = tables / DIR / "gemm_perf.parquet"
     data = bytearray(perf.read_bytes())
@@ -309,7 +304,7 @@ def test_check_into_refuses_a_file_a_foreign_directory_and_an_unsound_tree_only_
     (tmp_path / "home" / "photo.jpg").write_text("x")
     with pytest.raises(InputError, match="without manifest.json is not a TABLES tree"):
         store.check_into(tmp_path / "home")
-    tables = _copy(merged, tmp_path / "tables")
+    tables = shutil.copytree(merged, tmp_path / "tables")
     store.check_into(tables)
     (tables / DIR / "gemm_perf.parquet").write_bytes(b"edited")
     (tables / DIR / "zz.txt").write_text("planted")
@@ -320,7 +315,7 @@ def test_check_into_refuses_a_file_a_foreign_directory_and_an_unsound_tree_only_
 
 def test_staging_commit_rehashes_written_files_keeps_others_and_leaves_a_link_a_link(merged, tmp_path):
     """store.Staging: written files are new (TABLES untouched until commit), the manifest rehashes only them."""
-    tables = _copy(merged, tmp_path / "tables")
+    tables = shutil.copytree(merged, tmp_path / "tables")
     link = tmp_path / "current"
     link.symlink_to("tables")
     before = read_manifest_files(tables)

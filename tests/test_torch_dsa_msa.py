@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import run_cli
+from conftest import randn, run_cli
 
 from opcollect.backends.torch import dsa, mla, msa
 from opcollect.plans.dsa import DIMS, Dims, DsaModuleCase
@@ -26,18 +26,10 @@ OPS = (
 TINY = Dims(hidden=64, q_lora=32, qk_nope=16, qk_rope=8, v_head=16, index_heads=4, index_dim=16, index_topk=1000)
 
 
-def _generator(seed: int = 0):
-    return torch.Generator().manual_seed(seed)
-
-
-def _rand(*shape, seed: int = 0):
-    return torch.randn(*shape, generator=_generator(seed))
-
-
 @pytest.mark.parametrize(("step", "queries"), [(0, 6), (5, 4), (9, 1)])
 def test_sparse_mla_over_every_visible_token_is_dense_causal_mla(step, queries):
     b, heads, keys = 2, 3, step + queries
-    q, cache = _rand(b, queries, heads, 576, seed=1), _rand(b, keys, 576, seed=2)
+    q, cache = randn(b, queries, heads, 576, seed=1), randn(b, keys, 576, seed=2)
     indices = dsa.recent_indices(step, queries, keys + 3, "cpu").expand(b, -1, -1)
     assert sorted(indices[0, -1].tolist()) == list(range(keys))  # the last query sees every token
     sparse = dsa.sparse_mla(q, cache, indices, 0.1)
@@ -50,7 +42,7 @@ def test_sparse_mla_over_every_visible_token_is_dense_causal_mla(step, queries):
 
 @pytest.mark.parametrize(("step", "queries", "k"), [(0, 9, 4), (6, 5, 3), (2, 3, 40)])
 def test_causal_topk_picks_the_highest_scores_a_query_may_see(step, queries, k):
-    scores = _rand(2, queries, step + queries, seed=3)
+    scores = randn(2, queries, step + queries, seed=3)
     chosen = dsa.causal_topk(scores, step, k)
     assert chosen.shape[-1] == min(k, step + queries)
     for b in range(2):
@@ -63,7 +55,7 @@ def test_causal_topk_picks_the_highest_scores_a_query_may_see(step, queries, k):
 
 
 def test_index_scores_sum_each_heads_weighted_relu_logits():
-    q, weights, keys = _rand(2, 3, 4, 8, seed=4), _rand(2, 3, 4, seed=5), _rand(2, 7, 8, seed=6)
+    q, weights, keys = randn(2, 3, 4, 8, seed=4), randn(2, 3, 4, seed=5), randn(2, 7, 8, seed=6)
     got = dsa.index_scores(q, weights, keys)
     expected = torch.zeros(2, 3, 7)
     for h in range(4):
@@ -96,7 +88,7 @@ def test_the_dsa_module_with_topk_over_every_token_is_dense_mla(path):
     if path == "scores":
         module = dsa.DsaModule(TINY, 3, 2, 5, 4, f32, f32, f32, "cpu", indexer=True, prefill=False)
         assert not module.keeps_all  # scores every query and takes its top-k, as a decode step does
-    x = _rand(2 * 4, TINY.hidden, seed=7)
+    x = randn(2 * 4, TINY.hidden, seed=7)
     with torch.no_grad():
         out = module.forward(x)
         torch.testing.assert_close(out, _dense_mla(module, x), rtol=1e-4, atol=1e-4)
@@ -106,7 +98,7 @@ def test_the_dsa_indexer_selects_each_querys_top_visible_tokens_by_its_weighted_
     f32, d, step, s = torch.float32, TINY._replace(index_topk=3), 6, 4
     module = dsa.DsaModule(d, 2, 1, step, s, f32, f32, f32, "cpu", indexer=True)
     assert not module.keeps_all  # 10 tokens, 3 kept
-    x = _rand(s, d.hidden, seed=8)
+    x = randn(s, d.hidden, seed=8)
     q_c = dsa.rms_norm((x @ module.w_a)[:, : d.q_lora], module.q_norm)
     with torch.no_grad():
         chosen = module._index(x, q_c)
@@ -141,11 +133,11 @@ TINY_MSA = msa.Geometry(hidden=48, head_dim=16, group=2, index_dim=8, block=4, t
 @pytest.mark.parametrize(("step", "queries"), [(0, 7), (9, 5), (13, 1)])
 def test_block_sparse_attention_over_every_block_is_dense_causal_gqa(step, queries):
     b, kv_heads, group, dim, block, keys = 2, 2, 3, 16, 4, step + queries
-    q = _rand(b, queries, kv_heads * group, dim, seed=9)
-    k, v = _rand(b, keys, kv_heads, dim, seed=10), _rand(b, keys, kv_heads, dim, seed=11)
+    q = randn(b, queries, kv_heads * group, dim, seed=9)
+    k, v = randn(b, keys, kv_heads, dim, seed=10), randn(b, keys, kv_heads, dim, seed=11)
     blocks = -(-keys // block)
     geometry = TINY_MSA._replace(topk_blocks=blocks + 1)
-    chosen = msa.block_topk(_rand(b, queries, kv_heads, blocks, seed=12), step, geometry)
+    chosen = msa.block_topk(randn(b, queries, kv_heads, blocks, seed=12), step, geometry)
     sparse = msa.block_sparse_attention(q, k, v, chosen, step, block, 0.25)
     hidden = torch.triu(torch.ones(queries, keys, dtype=torch.bool), diagonal=step + 1)
     dense = torch.nn.functional.scaled_dot_product_attention(
@@ -156,7 +148,7 @@ def test_block_sparse_attention_over_every_block_is_dense_causal_gqa(step, queri
 
 def test_block_scores_are_the_max_over_each_blocks_visible_tokens():
     step, queries, block = 5, 4, 4
-    iq, keys = _rand(1, queries, 2, 8, seed=13), _rand(1, step + queries, 8, seed=14)
+    iq, keys = randn(1, queries, 2, 8, seed=13), randn(1, step + queries, 8, seed=14)
     scores = msa.block_scores(iq, keys, step, block)
     for j in range(queries):
         for h in range(2):
@@ -168,14 +160,14 @@ def test_block_scores_are_the_max_over_each_blocks_visible_tokens():
 
 def test_block_topk_keeps_the_local_block_and_the_highest_others():
     step, queries, geometry = 20, 3, TINY_MSA._replace(topk_blocks=3)
-    scores = _rand(1, queries, 1, 6, seed=15)
+    scores = randn(1, queries, 1, 6, seed=15)
     chosen = msa.block_topk(scores, step, geometry)
     for j in range(queries):
         visible = (step + j + geometry.block) // geometry.block
         local = visible - 1  # sparse_local_block 1: the query's own block
         others = scores[0, j, 0, :local].argsort(descending=True)[: geometry.topk_blocks - 1].tolist()
         assert set(chosen[0, j, 0].tolist()) == {local, *others}
-    few = msa.block_topk(_rand(1, 2, 1, 2, seed=16), 0, geometry)  # 1 block visible of 2: the rest -1
+    few = msa.block_topk(randn(1, 2, 1, 2, seed=16), 0, geometry)  # 1 block visible of 2: the rest -1
     assert sorted(few[0, 0, 0].tolist()) == [-1, 0]
 
 
@@ -183,7 +175,7 @@ def test_the_msa_module_with_topk_over_every_block_is_dense_gqa():
     f32, g = torch.float32, TINY_MSA._replace(topk_blocks=10)
     b, s, step, heads = 2, 3, 6, 4
     module = msa.MsaModule(g, heads, b, step, s, f32, f32, f32, "cpu")
-    x = _rand(b * s, g.hidden, seed=17)
+    x = randn(b * s, g.hidden, seed=17)
     with torch.no_grad():
         out = module.forward(x)
     q = (x @ module.w_qkv)[:, : heads * g.head_dim].view(b, s, heads, g.head_dim)

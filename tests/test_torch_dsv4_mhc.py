@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT, fake_run, run_cli
+from conftest import ROOT, fake_run, randn, run_cli
 
 from opcollect.backends.torch import RUNNERS, dsv4, dsv4_kernels, mhc, reference
 from opcollect.plans.dsv4_kernels import Dsv4TopkCase
@@ -46,10 +46,6 @@ OPS_HERE = (
 )
 
 
-def _rand(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
 # ---- the attention math against naive loops ----
 
 
@@ -75,7 +71,7 @@ def test_sparse_attention_over_every_visible_entry_is_dense_attention(step):
     b, queries, heads, dim, window, ratio = 2, 5, 3, 16, 4, 2
     entries = (step + queries) // ratio
     recent = dsv4.recent_length(step, queries, window)
-    kv, q, sink = _rand(b, recent + entries, dim, seed=1), _rand(b, queries, heads, dim, seed=2), _rand(heads, seed=3)
+    kv, q, sink = randn(b, recent + entries, dim, seed=1), randn(b, queries, heads, dim, seed=2), randn(heads, seed=3)
     win = dsv4.window_indices(step, queries, window, "cpu")
     every = dsv4.compressed_indices(step, queries, entries, ratio, recent, "cpu")
     got = dsv4.sparse_attention(q, kv, torch.cat((win, every), -1).expand(b, -1, -1), sink, 0.25)
@@ -90,14 +86,14 @@ def test_sparse_attention_over_every_visible_entry_is_dense_attention(step):
     assert torch.allclose(got, _dense(q, kv, visible, sink, 0.25), atol=1e-5)
     # the indexer's selection with k >= entries: every visible entry, the rest -1
     seen = (step + 1 + torch.arange(queries)) // ratio
-    chosen = dsv4.select(_rand(b, queries, entries, seed=4), seen, k=entries + 3)
+    chosen = dsv4.select(randn(b, queries, entries, seed=4), seen, k=entries + 3)
     assert [sorted(c for c in row if c >= 0) for row in chosen[0].tolist()] == [list(range(n)) for n in seen]
     picked = torch.cat((win.expand(b, -1, -1), (chosen + recent).masked_fill(chosen < 0, -1)), -1)
     assert torch.allclose(dsv4.sparse_attention(q, kv, picked, sink, 0.25), got, atol=1e-5)
 
 
 def test_select_keeps_the_k_highest_visible_logits():
-    logits, visible = _rand(3, 7, 20, seed=5), torch.tensor([1, 4, 5, 8, 12, 19, 20])
+    logits, visible = randn(3, 7, 20, seed=5), torch.tensor([1, 4, 5, 8, 12, 19, 20])
     chosen = dsv4.select(logits, visible, k=6)
     for i in range(3):
         for s, n in enumerate(visible.tolist()):
@@ -107,7 +103,7 @@ def test_select_keeps_the_k_highest_visible_logits():
 
 
 def test_indexer_logits_are_the_weighted_relu_sum_over_heads():
-    q, weights, keys = _rand(2, 3, 4, 8, seed=6), _rand(2, 3, 4, seed=7), _rand(2, 5, 8, seed=8)
+    q, weights, keys = randn(2, 3, 4, 8, seed=6), randn(2, 3, 4, seed=7), randn(2, 5, 8, seed=8)
     got = dsv4.indexer_logits(q, weights, keys)
     for i in range(2):
         for s in range(3):
@@ -120,10 +116,10 @@ def test_indexer_logits_are_the_weighted_relu_sum_over_heads():
 def test_compress_pools_each_window_by_its_softmax(ratio):
     coff, dim, b, n = (2 if ratio == dsv4.CSA else 1), dsv4.ROPE + 8, 2, 3
     length = (n + coff - 1) * ratio
-    kv, score = _rand(b, length, coff * dim, seed=9), _rand(b, length, coff * dim, seed=10)
+    kv, score = randn(b, length, coff * dim, seed=9), randn(b, length, coff * dim, seed=10)
     if coff == 2:
         score[:, :ratio] = float("-inf")  # the first entry's older block lies below position 0
-    ape, norm = _rand(ratio, coff * dim, seed=11), _rand(dim, seed=12)
+    ape, norm = randn(ratio, coff * dim, seed=11), randn(dim, seed=12)
     cos, sin = dsv4.rope_tables(torch.arange(n) * ratio)
     got = dsv4.compress(kv, score, ape, ratio, norm, cos, sin)
     for c in range(n):
@@ -166,14 +162,14 @@ def test_the_module_runs_every_kind_of_shape(tiny, ratio, step, isl):
     assert prepared.kernel_source == "torch_dsv4_attention"
     d = dsv4.model_dims(case)
     compressor = dsv4.Compressor(d.hidden_size, d.head_dim, ratio, 2, step, isl, torch.float32, "cpu", 0)
-    made = compressor(_rand(2 * isl, d.hidden_size, seed=20), 2)
+    made = compressor(randn(2 * isl, d.hidden_size, seed=20), 2)
     done = (step + isl) // ratio - step // ratio
     assert (made is None) == (done == 0) and (made is None or made.shape == (2, done, d.head_dim))
     assert made is None or torch.isfinite(made).all()
 
 
 def test_rotate_and_its_inverse_undo_each_other():
-    x = _rand(2, 5, 3, dsv4.ROPE + 4, seed=13)
+    x = randn(2, 5, 3, dsv4.ROPE + 4, seed=13)
     cos, sin = dsv4.rope_tables(torch.arange(5) + 7)
     turned = dsv4.rotate(x, cos.unsqueeze(1), sin.unsqueeze(1))
     assert torch.equal(turned[..., :4], x[..., :4]) and not torch.allclose(turned, x)
@@ -197,7 +193,7 @@ def test_top_last_scores_put_each_rows_top_k_at_its_causal_tail():
 
 def test_sinkhorn_makes_the_combination_doubly_stochastic():
     """Columns sum to 1 (the last normalisation); the rows converge to 1 with the iterations (20 in DeepSeek-V4)."""
-    logits = _rand(6, 4, 4, seed=14) * 3
+    logits = randn(6, 4, 4, seed=14) * 3
     errors = []
     for iters in (1, 20, 200):
         comb = mhc.sinkhorn(logits, iters=iters)
@@ -209,7 +205,7 @@ def test_sinkhorn_makes_the_combination_doubly_stochastic():
 def test_sinkhorn_iters_counts_the_column_normalisation_then_iters_minus_one_row_and_column_rounds():
     """As vLLM's mhc_pre_torch and SGLang's hc_split_sinkhorn: softmax + eps, one column normalisation, then
     sinkhorn_repeat - 1 rounds of row then column; one round more is another matrix."""
-    logits = _rand(5, 4, 4, seed=18) * 3
+    logits = randn(5, 4, 4, seed=18) * 3
 
     def rows(comb):
         return comb / (comb.sum(dim=-1, keepdim=True) + mhc.EPS)
@@ -227,8 +223,8 @@ def test_sinkhorn_iters_counts_the_column_normalisation_then_iters_minus_one_row
 
 def test_mhc_pre_and_post_are_the_per_token_sums():
     tokens, hc, hidden = 3, 4, 8
-    residual = _rand(tokens, hc, hidden, seed=15).to(torch.bfloat16)
-    fn, base, scale = _rand(mhc.mixes(hc), hc * hidden, seed=16), _rand(mhc.mixes(hc), seed=17), torch.ones(3)
+    residual = randn(tokens, hc, hidden, seed=15).to(torch.bfloat16)
+    fn, base, scale = randn(mhc.mixes(hc), hc * hidden, seed=16), randn(mhc.mixes(hc), seed=17), torch.ones(3)
     post_mix, comb, layer_input = mhc.pre(residual, fn, scale, base, iters=20)
     x = residual.float().reshape(tokens, -1)
     for t in range(tokens):

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_cli
+from conftest import randn, run_cli
 
 from opcollect.backends.torch import linear_attention as la
 from opcollect.backends.torch import linear_runners
@@ -20,14 +20,10 @@ from opcollect.runtime.rundir import read_records
 OPS = ("gdn", "mamba2")
 
 
-def _rand(*shape, seed: int = 0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize(("seq", "width", "bias"), [(1, 4, False), (3, 4, True), (37, 4, False), (20, 2, True)])
 def test_the_conv_over_a_prompt_is_its_token_by_token_update(seq, width, bias):
-    x, weight = _rand(2, 5, seq, seed=1), _rand(5, width, seed=2)
-    b = _rand(5, seed=3) if bias else None
+    x, weight = randn(2, 5, seq, seed=1), randn(5, width, seed=2)
+    b = randn(5, seed=3) if bias else None
     out, final = la.causal_conv1d(x, weight, b)
     state = torch.zeros(2, 5, width - 1)
     steps = torch.stack([la.causal_conv1d_update(x[:, :, t], state, weight, b) for t in range(seq)], dim=-1)
@@ -41,11 +37,11 @@ def test_the_conv_over_a_prompt_is_its_token_by_token_update(seq, width, bias):
 
 
 def _gdn_inputs(b, s, nk, hv, dk, dv, seed):
-    q = la.l2_normalize(_rand(b, s, nk, dk, seed=seed))
-    k = la.l2_normalize(_rand(b, s, nk, dk, seed=seed + 1))
-    v = _rand(b, s, hv, dv, seed=seed + 2)
-    g = F.logsigmoid(_rand(b, s, hv, seed=seed + 3))
-    beta = torch.sigmoid(_rand(b, s, hv, seed=seed + 4))
+    q = la.l2_normalize(randn(b, s, nk, dk, seed=seed))
+    k = la.l2_normalize(randn(b, s, nk, dk, seed=seed + 1))
+    v = randn(b, s, hv, dv, seed=seed + 2)
+    g = F.logsigmoid(randn(b, s, hv, seed=seed + 3))
+    beta = torch.sigmoid(randn(b, s, hv, seed=seed + 4))
     return q, k, v, g, beta
 
 
@@ -55,7 +51,7 @@ def test_the_gdn_chunked_scan_is_the_recurrent_steps(seq, chunk, nk, hv):
     a prompt shorter, as long as and longer than a chunk, not a multiple of it, value heads sharing key heads."""
     b, dk, dv = 2, 16, 8
     q, k, v, g, beta = _gdn_inputs(b, seq, nk, hv, dk, dv, seed=10)
-    start = 0.1 * _rand(b, hv, dk, dv, seed=20)
+    start = 0.1 * randn(b, hv, dk, dv, seed=20)
     chunked, stepped = start.clone(), start.clone()
     out = la.gdn_chunked(q, k, v, g, beta, chunked, dk**-0.5, chunk=chunk)
     steps = [la.gdn_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], stepped, dk**-0.5) for t in range(seq)]
@@ -68,7 +64,7 @@ def test_the_gdn_step_is_the_gated_delta_rule():
     head h // (hv / nk)."""
     b, nk, hv, dk, dv = 2, 2, 4, 8, 4
     q, k, v, g, beta = (x[:, 0] for x in _gdn_inputs(b, 1, nk, hv, dk, dv, seed=30))
-    state = _rand(b, hv, dk, dv, seed=31)
+    state = randn(b, hv, dk, dv, seed=31)
     expected_state, expected_out = state.clone(), torch.empty(b, hv, dv)
     for i in range(b):
         for h in range(hv):
@@ -82,10 +78,10 @@ def test_the_gdn_step_is_the_gated_delta_rule():
 
 
 def _ssd_inputs(b, s, h, p, groups, n, seed):
-    x, dt = _rand(b, s, h, p, seed=seed), _rand(b, s, h, seed=seed + 1)
+    x, dt = randn(b, s, h, p, seed=seed), randn(b, s, h, seed=seed + 1)
     a = -torch.rand(h, generator=torch.Generator().manual_seed(seed + 2)) - 0.5
-    bmat, cmat = _rand(b, s, groups, n, seed=seed + 3), _rand(b, s, groups, n, seed=seed + 4)
-    return x, dt, a, bmat, cmat, _rand(h, seed=seed + 5), _rand(h, seed=seed + 6)
+    bmat, cmat = randn(b, s, groups, n, seed=seed + 3), randn(b, s, groups, n, seed=seed + 4)
+    return x, dt, a, bmat, cmat, randn(h, seed=seed + 5), randn(h, seed=seed + 6)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +92,7 @@ def test_the_ssd_chunked_scan_is_the_selective_state_updates(seq, chunk, h, grou
     token, for prompts within, at and beyond a chunk, heads sharing B and C by group."""
     b, p, n = 2, 8, 5
     x, dt, a, bmat, cmat, d, dt_bias = _ssd_inputs(b, seq, h, p, groups, n, seed=40)
-    start = 0.1 * _rand(b, h, p, n, seed=50)
+    start = 0.1 * randn(b, h, p, n, seed=50)
     chunked, stepped = start.clone(), start.clone()
     out = la.ssd_chunked(x, dt, a, bmat, cmat, d, dt_bias, chunked, chunk)
     steps = [la.ssd_step(x[:, t], dt[:, t], a, bmat[:, t], cmat[:, t], d, dt_bias, stepped) for t in range(seq)]
@@ -108,7 +104,7 @@ def test_the_selective_state_update_is_mamba2s_recurrence():
     """dt = softplus(dt + bias), S' = exp(dt A) S + dt x B^T, y = S' C + D x, head h reading group h // (h / g)."""
     b, h, p, groups, n = 2, 4, 3, 2, 5
     x, dt, a, bmat, cmat, d, dt_bias = (t[:, 0] if t.dim() > 1 else t for t in _ssd_inputs(b, 1, h, p, groups, n, 60))
-    state = _rand(b, h, p, n, seed=61)
+    state = randn(b, h, p, n, seed=61)
     expected_state, expected = state.clone(), torch.empty(b, h, p)
     for i in range(b):
         for j in range(h):
